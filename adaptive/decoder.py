@@ -1,0 +1,348 @@
+"""Exact speculative decoding over a pair of transformers causal LMs (batch 1, chain drafts).
+
+Cache invariant, for both models: after every round the cache holds every confirmed token except the last
+(and possibly fewer for the draft, when its last drafted token was never fed). The next forward therefore
+feeds ``tokens[cache.length:]`` first, which also covers the all-accepted case where the draft must catch
+up on its own last drafted token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+from transformers import PreTrainedModel
+
+from adaptive.cached_model import CachedModel
+from adaptive.pair import check_compatible
+from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
+from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
+from adaptive.verification import CorrectionRule, residual_correction, verify_block
+
+RECENT_ROUNDS = 8
+"""How many recent accepted lengths a policy sees in :class:`DraftState`."""
+
+
+class Clock:
+    """perf_counter that waits for queued GPU work first, so a reading covers the work it follows."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else None
+
+    def __call__(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+
+@dataclass
+class GenerationResult:
+    """Output and measurements of one generation."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    rounds: list[RoundStats]
+    prefill_time: float
+    total_time: float
+    stop_reason: str
+    """"eos" or "length"."""
+    text: str | None = None
+    first_token_time: float = field(default=0.0)
+    """Seconds from the start of the call to the first emitted token."""
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Emitted tokens per second of the whole call (prefill included)."""
+        return len(self.token_ids) / self.total_time if self.total_time > 0 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted draft tokens per round (τ counts the emitted token too: mean_emitted)."""
+        return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def mean_emitted(self) -> float:
+        """Mean tokens emitted per round (τ)."""
+        return sum(r.emitted for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / verified draft tokens over all rounds."""
+        verified = sum(r.verified for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / verified if verified else 0.0
+
+
+def _prompt_ids(prompt: str | Sequence[int] | torch.Tensor, tokenizer) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer; pass tokenizer=... or token ids")
+        ids = tokenizer(prompt)["input_ids"]
+    elif isinstance(prompt, torch.Tensor):
+        if prompt.dim() == 2 and prompt.shape[0] != 1:
+            raise ValueError(f"only batch size 1 is supported, got input of shape {tuple(prompt.shape)}")
+        ids = prompt.reshape(-1).tolist()
+    else:
+        ids = list(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty: at least one token is needed")
+    return [int(i) for i in ids]
+
+
+def _eos_ids(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(i) for i in eos_token_id)
+
+
+class _Output:
+    """Accumulates emitted tokens and decides when to stop."""
+
+    def __init__(self, max_new_tokens: int, eos: frozenset[int]) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.tokens: list[int] = []
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.stop_reason: str = ""
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.tokens)
+
+    def emit(self, candidates: Sequence[int]) -> list[int]:
+        """Append candidates up to EOS or the budget; return those kept."""
+        kept = []
+        for token in candidates[: self.remaining]:
+            kept.append(token)
+            if token in self.eos:
+                self.stop_reason = "eos"
+                break
+        self.tokens.extend(kept)
+        if not self.stop_reason and self.remaining == 0:
+            self.stop_reason = "length"
+        return kept
+
+
+class SpeculativeDecoder:
+    """Speculative decoding that keeps the target's output distribution exactly.
+
+    Args:
+        target: the model whose distribution is preserved.
+        draft: a cheaper model with the same vocabulary that proposes tokens.
+        policy: decides draft depth and verification size (see ``policies`` for the baselines).
+        sampling: temperature / top-k / top-p, applied identically to target and draft; default greedy.
+        tokenizer: optional; enables text prompts, text output and the tokenizer compatibility check.
+        draft_tokenizer: optional; checked against ``tokenizer`` when given.
+        max_depth: hard cap on drafted tokens per round.
+        eos_token_id: stop token(s); default from the target's generation config.
+        correction: the rule used at a rejection; keep the default (exact residual) except to audit.
+
+    Example:
+        >>> decoder = SpeculativeDecoder(target, draft, policy=StaticDepth(4), tokenizer=tok)  # doctest: +SKIP
+        >>> result = decoder.generate("The capital of Italy is", max_new_tokens=32)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel,
+        policy: DraftPolicy,
+        sampling: SamplingConfig = GREEDY,
+        *,
+        tokenizer=None,
+        draft_tokenizer=None,
+        max_depth: int = 16,
+        eos_token_id: int | Sequence[int] | None = None,
+        correction: CorrectionRule = residual_correction,
+    ) -> None:
+        check_compatible(target, draft, tokenizer, draft_tokenizer)
+        if target.device != draft.device:
+            raise ValueError(f"target and draft must be on one device, got {target.device} and {draft.device}")
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        if not isinstance(policy, DraftPolicy):
+            raise TypeError(f"policy must implement DraftPolicy (should_continue, verify_size, ...), got {policy!r}")
+        self.target = CachedModel(target)
+        self.draft = CachedModel(draft)
+        self.policy = policy
+        self.sampling = sampling
+        self.tokenizer = tokenizer
+        self.max_depth = max_depth
+        self.eos = _eos_ids(target, eos_token_id)
+        self.correction = correction
+        self.clock = Clock(target.device)
+        self.generator = torch.Generator(device=target.device)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 128,
+        seed: int | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt``; return tokens, text and statistics."""
+        prompt_ids = _prompt_ids(prompt, self.tokenizer)
+        output = _Output(max_new_tokens, self.eos)
+        start = self.clock()
+        rounds: list[RoundStats] = []
+        first_token_time = 0.0
+        for stats in self._rounds(prompt_ids, output, seed):
+            if not rounds:
+                first_token_time = self.clock() - start
+            rounds.append(stats)
+        total = self.clock() - start
+        prefill = total - sum(r.total_time for r in rounds)
+        text = self.tokenizer.decode(output.tokens, skip_special_tokens=True) if self.tokenizer else None
+        return GenerationResult(prompt_ids, output.tokens, rounds, prefill, total, output.stop_reason, text, first_token_time)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 128,
+        seed: int | None = None,
+    ) -> Iterator[RoundStats]:
+        """Yield each round's statistics (``.tokens`` holds the emitted ids) as soon as it completes."""
+        yield from self._rounds(_prompt_ids(prompt, self.tokenizer), _Output(max_new_tokens, self.eos), seed)
+
+    def _rounds(self, prompt_ids: list[int], output: _Output, seed: int | None) -> Iterator[RoundStats]:
+        """Prefill both models, then run rounds until ``output`` says stop."""
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        self.policy.reset()
+        self.target.reset()
+        self.draft.reset()
+        tokens = list(prompt_ids)
+        if len(tokens) > 1:  # every model caches all confirmed tokens but the last
+            self.target.forward(tokens[:-1])
+            self.draft.forward(tokens[:-1])
+        recent: list[int] = []
+        while not output.stop_reason:
+            stats = self._round(tokens, output, tuple(recent[-RECENT_ROUNDS:]))
+            recent.append(stats.accepted)
+            yield stats
+
+    def _round(self, tokens: list[int], output: _Output, recent: tuple[int, ...]) -> RoundStats:
+        """One draft-and-verify cycle; extends ``tokens`` in place with the emitted tokens."""
+        clock = self.clock
+        context_length = len(tokens)
+        max_depth = min(self.max_depth, output.remaining - 1)
+        forward_time = policy_time = 0.0
+        steps: list[DraftStep] = []
+        q_rows: list[torch.Tensor] = []
+
+        draft_start = clock()
+        cumulative = 0.0
+        while len(steps) < max_depth:
+            feed = tokens[self.draft.length :] if not steps else [steps[-1].token]
+            t0 = clock()
+            logits = self.draft.forward(feed)[-1]
+            forward_time += clock() - t0
+            q = sampling_distribution(logits, self.sampling)
+            token = int(sample(q, self.generator))
+            top1, entropy, log_prob = draft_features(logits, token)
+            cumulative += log_prob
+            steps.append(DraftStep(token, top1, entropy, log_prob, cumulative))
+            q_rows.append(q)
+            state = DraftState(context_length, tuple(steps), max_depth, recent)
+            t0 = clock()
+            go_on = len(steps) < max_depth and self.policy.should_continue(state)
+            policy_time += clock() - t0
+            if not go_on:
+                break
+        t0 = clock()
+        state = DraftState(context_length, tuple(steps), max_depth, recent)
+        verified = self.policy.verify_size(state) if steps else 0
+        policy_time += clock() - t0
+        if not 0 <= verified <= len(steps) or (steps and verified < 1):
+            raise ValueError(f"policy {self.policy.name!r} asked to verify {verified} of {len(steps)} drafted tokens")
+        draft_time = clock() - draft_start - policy_time
+
+        verify_start = clock()
+        drafted = [step.token for step in steps[:verified]]
+        t0 = clock()
+        target_logits = self.target.forward(tokens[self.target.length :] + drafted)[-(verified + 1) :]
+        forward_time += clock() - t0
+        p = sampling_distribution(target_logits, self.sampling)
+        q = torch.stack(q_rows[:verified]) if verified else p[:0]
+        verdict = verify_block(p, q, torch.tensor(drafted, dtype=torch.long, device=p.device), self.generator, self.correction)
+        emitted = output.emit(drafted[: verdict.accepted] + [verdict.next_token])
+        self.target.rollback(context_length + verdict.accepted)
+        self.draft.rollback(min(self.draft.length, context_length + verdict.accepted))
+        tokens.extend(emitted)
+        verify_time = clock() - verify_start
+
+        stats = RoundStats(
+            context_length=context_length,
+            drafted=len(steps),
+            verified=verified,
+            accepted=verdict.accepted,
+            emitted=len(emitted),
+            tokens=tuple(emitted),
+            draft_time=draft_time,
+            verify_time=verify_time,
+            policy_time=policy_time,
+            forward_time=forward_time,
+            steps=tuple(steps),
+        )
+        t0 = clock()
+        self.policy.observe(stats)
+        return replace(stats, policy_time=policy_time + clock() - t0)
+
+
+def generate_plain(
+    target: PreTrainedModel,
+    prompt: str | Sequence[int] | torch.Tensor,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig = GREEDY,
+    *,
+    tokenizer=None,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerationResult:
+    """Plain autoregressive decoding of the target with the same cache, clock and sampling contract.
+
+    Each token is reported as a round with nothing drafted, so results compare field by field.
+    """
+    model = CachedModel(target)
+    clock = Clock(target.device)
+    generator = torch.Generator(device=target.device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    tokens = _prompt_ids(prompt, tokenizer)
+    prompt_ids = list(tokens)
+    output = _Output(max_new_tokens, _eos_ids(target, eos_token_id))
+    start = clock()
+    if len(tokens) > 1:
+        model.forward(tokens[:-1])
+    prefill = clock() - start
+    rounds = []
+    while not output.stop_reason:
+        t0 = clock()
+        logits = model.forward(tokens[model.length :])[-1]
+        t1 = clock()
+        token = int(sample(sampling_distribution(logits, sampling), generator))
+        tokens.extend(output.emit([token]))
+        t2 = clock()
+        rounds.append(
+            RoundStats(
+                context_length=len(tokens) - 1,
+                drafted=0,
+                verified=0,
+                accepted=0,
+                emitted=1,
+                tokens=(token,),
+                draft_time=0.0,
+                verify_time=t2 - t0,
+                policy_time=0.0,
+                forward_time=t1 - t0,
+            )
+        )
+    total = clock() - start
+    text = tokenizer.decode(output.tokens, skip_special_tokens=True) if tokenizer else None
+    first = prefill + rounds[0].verify_time
+    return GenerationResult(prompt_ids, output.tokens, rounds, prefill, total, output.stop_reason, text, first)

@@ -1,0 +1,65 @@
+"""A target/draft model pair: loading from paths and checking that the two can speculate together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from adaptive.cached_model import output_vocab_size
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_compatible(target: PreTrainedModel, draft: PreTrainedModel, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ValueError unless target and draft score the same token ids.
+
+    The output vocabulary sizes must match; when both tokenizers are given their vocabularies (token
+    string -> id) must be identical, since a token id must mean the same event under p and q.
+    """
+    target_vocab, draft_vocab = output_vocab_size(target), output_vocab_size(draft)
+    if target_vocab != draft_vocab:
+        raise ValueError(
+            f"target and draft vocabularies differ: target has {target_vocab} logits per position, "
+            f"draft has {draft_vocab}; speculative decoding needs the same token ids in both"
+        )
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    target_tokens, draft_tokens = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_tokens != draft_tokens:
+        differing = sorted(set(target_tokens.items()) ^ set(draft_tokens.items()))
+        example = differing[0] if differing else None
+        raise ValueError(
+            f"target and draft tokenizers differ in {len(differing)} (token, id) entries, e.g. {example!r}; "
+            "the draft must share the target's tokenizer"
+        )
+
+
+@dataclass
+class ModelPair:
+    """A loaded target, draft and their shared tokenizer."""
+
+    target: PreTrainedModel
+    draft: PreTrainedModel
+    tokenizer: object
+    name: str
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model.to(device).eval()
+
+
+def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+    """Load target, draft and tokenizer from two folders and check that they are compatible."""
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    draft_tokenizer = AutoTokenizer.from_pretrained(str(draft))
+    target_model = load_model(target, dtype, device)
+    draft_model = load_model(draft, dtype, device)
+    check_compatible(target_model, draft_model, tokenizer, draft_tokenizer)
+    return ModelPair(target_model, draft_model, tokenizer, f"{Path(target).name}+{Path(draft).name}")

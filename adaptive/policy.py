@@ -1,0 +1,115 @@
+"""The protocol between the decoder and a draft policy, and the records it exchanges.
+
+Per round, the decoder drafts one token, then asks :meth:`DraftPolicy.should_continue` after every draft
+step until the policy says stop or the round's depth cap is reached. It then asks
+:meth:`DraftPolicy.verify_size` how many of the drafted tokens go to the target (for a chain this is
+usually all of them; with draft trees it becomes a real choice), verifies, and reports the finished round
+through :meth:`DraftPolicy.observe`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """What the draft model showed at one step (from its untempered softmax)."""
+
+    token: int
+    top1_prob: float
+    entropy: float
+    """Entropy of the draft's next-token distribution, in nats."""
+    log_prob: float
+    """Log-probability of the drafted token."""
+    cumulative_log_prob: float
+    """Sum of log_prob over this round's steps so far."""
+
+
+@dataclass(frozen=True)
+class DraftState:
+    """Everything known when a policy decides."""
+
+    context_length: int
+    """Tokens in the confirmed sequence (prompt + generated) before this round."""
+    steps: tuple[DraftStep, ...]
+    max_depth: int
+    """Hard cap on the depth of this round (decoder limit or remaining token budget)."""
+    recent_accepted: tuple[int, ...] = ()
+    """Accepted lengths of the most recent rounds, oldest first."""
+
+    @property
+    def depth(self) -> int:
+        """Number of tokens drafted so far in this round."""
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One draft-and-verify cycle, as measured.
+
+    Times are wall-clock seconds. ``draft_time`` covers the draft forwards, sampling and features,
+    ``verify_time`` the target forward, the acceptance test and the cache rollback, ``policy_time`` the
+    policy calls; ``forward_time`` is the part of all that spent inside model forward calls.
+    """
+
+    context_length: int
+    drafted: int
+    verified: int
+    accepted: int
+    emitted: int
+    tokens: tuple[int, ...]
+    draft_time: float
+    verify_time: float
+    policy_time: float
+    forward_time: float
+    steps: tuple[DraftStep, ...] = field(default=())
+
+    @property
+    def total_time(self) -> float:
+        """Draft + verify + policy time of the round."""
+        return self.draft_time + self.verify_time + self.policy_time
+
+    @property
+    def overhead_time(self) -> float:
+        """Time of the round spent outside model forward calls (the decoder's own cost)."""
+        return self.total_time - self.forward_time
+
+
+@runtime_checkable
+class DraftPolicy(Protocol):
+    """Decides the draft depth (continue/stop after each step) and the verification size."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget per-generation state; called before each generation."""
+
+    def should_continue(self, state: DraftState) -> bool:
+        """After a draft step: draft another token?"""
+
+    def verify_size(self, state: DraftState) -> int:
+        """After drafting: how many drafted tokens (1..state.depth) the target verifies."""
+
+    def observe(self, stats: RoundStats) -> None:
+        """Feedback after each verified round."""
+
+
+class BasePolicy:
+    """Convenient defaults: no state, verify everything drafted, ignore feedback."""
+
+    name = "base"
+
+    def reset(self) -> None:
+        """No per-generation state."""
+
+    def should_continue(self, state: DraftState) -> bool:
+        raise NotImplementedError
+
+    def verify_size(self, state: DraftState) -> int:
+        """Verify every drafted token."""
+        return state.depth
+
+    def observe(self, stats: RoundStats) -> None:
+        """Ignore feedback."""

@@ -1,0 +1,134 @@
+"""The probability contract: logits -> the distribution that is actually sampled.
+
+One function, :func:`sampling_distribution`, turns raw logits into the distribution a token is drawn
+from (temperature, top-k, top-p, masks). The decoder applies it identically to the target's logits (p)
+and the draft's logits (q) before any acceptance test, so the correction is computed on the same objects
+that are sampled. Temperature 0 means greedy: the distribution is one-hot on the arg-max.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are drawn; the same config is applied to target and draft.
+
+    Attributes:
+        temperature: 0 for greedy decoding; otherwise logits are divided by it.
+        top_k: keep only the k most probable tokens (None or 0: keep all).
+        top_p: keep the smallest set of most probable tokens whose mass reaches top_p (1.0: keep all).
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when tokens are chosen by arg-max."""
+        return self.temperature == 0.0
+
+    def describe(self) -> str:
+        """A short human-readable label, e.g. ``greedy`` or ``T=0.7 top_k=50``."""
+        if self.is_greedy:
+            return "greedy"
+        parts = [f"T={self.temperature:g}"]
+        if self.top_k:
+            parts.append(f"top_k={self.top_k}")
+        if self.top_p < 1.0:
+            parts.append(f"top_p={self.top_p:g}")
+        return " ".join(parts)
+
+
+GREEDY = SamplingConfig()
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Raise ValueError if logits hold NaN or +inf, or a row is entirely masked (-inf).
+
+    -inf is allowed: it is how a token is masked out (probability exactly 0).
+    """
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN; the model produced invalid values (check dtype/overflow)")
+    if torch.isposinf(logits).any():
+        raise ValueError("logits contain +inf; the model produced invalid values (check dtype/overflow)")
+    if torch.isneginf(logits).all(dim=-1).any():
+        raise ValueError("every logit in a row is -inf: no token is allowed (check the mask)")
+
+
+def sampling_distribution(
+    logits: torch.Tensor,
+    config: SamplingConfig,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return the distribution actually sampled from, for each row of ``logits``.
+
+    Args:
+        logits: ``[..., V]`` raw scores.
+        config: temperature / top-k / top-p, applied in that order.
+        mask: optional boolean ``[V]`` or ``[..., V]``; False marks a token that may never be produced.
+
+    Returns:
+        float32 probabilities ``[..., V]``, each row summing to 1. Greedy configs give a one-hot row.
+
+    Example:
+        >>> sampling_distribution(torch.tensor([1.0, 3.0, 2.0]), SamplingConfig()).tolist()
+        [0.0, 1.0, 0.0]
+    """
+    check_logits(logits)
+    scores = logits
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+        check_logits(scores)
+    if config.is_greedy:  # arg-max in the model's own precision, before any cast
+        return torch.nn.functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).float()
+    scores = scores.float() / config.temperature
+    vocab = scores.shape[-1]
+    if config.top_k and config.top_k < vocab:
+        kth_largest = torch.topk(scores, config.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth_largest, float("-inf"))
+    if config.top_p < 1.0:
+        scores = _top_p_filter(scores, config.top_p)
+    return torch.softmax(scores, dim=-1)
+
+
+def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask all but the smallest prefix of sorted tokens whose probability mass reaches ``top_p``."""
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    # A token is dropped when the mass of the tokens strictly before it already reaches top_p.
+    drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row of ``probs`` (``[..., V]`` -> ``[...]``)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def draft_features(logits: torch.Tensor, token: int) -> tuple[float, float, float]:
+    """Confidence features of one draft step, from the draft's untempered softmax.
+
+    Features do not depend on the sampling config, so a policy sees the same signals greedy or sampled.
+
+    Returns:
+        (top-1 probability, entropy in nats, log-probability of the drafted token).
+    """
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs.nan_to_num(neginf=0.0)).sum()
+    return float(probs.max()), float(entropy), float(log_probs[token])

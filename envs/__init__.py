@@ -1,0 +1,1 @@
+"""Gymnasium environments around the speculative decoder (live, trace replay, synthetic)."""

@@ -1,0 +1,52 @@
+"""Policies by spec string, e.g. ``static:4``, ``heuristic``, ``confidence:0.4``, ``entropy:2.0``, ``costmodel``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from adaptive.policy import DraftPolicy
+from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth
+
+POLICY_SPECS: dict[str, tuple[Callable[[str | None], DraftPolicy], str]] = {
+    "static": (lambda arg: StaticDepth(_required_int(arg, "static")), "static:G — always draft G tokens"),
+    "heuristic": (
+        lambda arg: HeuristicSchedule(int(arg) if arg else 5),
+        "heuristic[:G0] — transformers' +2/-1 schedule starting at G0 (default 5)",
+    ),
+    "confidence": (
+        lambda arg: ConfidenceStop(float(arg) if arg else 0.4),
+        "confidence[:TAU] — stop when the drafted token's probability < TAU (default 0.4)",
+    ),
+    "entropy": (
+        lambda arg: EntropyStop(float(arg) if arg else 2.0),
+        "entropy[:H] — stop when the draft's entropy > H nats (default 2.0)",
+    ),
+    "costmodel": (
+        lambda arg: CostModelPolicy(c=float(arg) if arg else None),
+        "costmodel[:C] — γ* from a running α and C (default: C measured online)",
+    ),
+}
+
+
+def _required_int(arg: str | None, name: str) -> int:
+    if not arg:
+        raise ValueError(f"policy '{name}' needs a value, e.g. '{name}:4'")
+    return int(arg)
+
+
+def make_policy(spec: str) -> DraftPolicy:
+    """Build a baseline policy from its spec string.
+
+    Example:
+        >>> make_policy("static:4").name
+        'static:4'
+    """
+    name, _, arg = spec.partition(":")
+    if name not in POLICY_SPECS:
+        allowed = "; ".join(help_text for _, help_text in POLICY_SPECS.values())
+        raise ValueError(f"unknown policy {spec!r}; allowed: {allowed}")
+    factory, help_text = POLICY_SPECS[name]
+    try:
+        return factory(arg or None)
+    except ValueError as error:
+        raise ValueError(f"bad policy spec {spec!r} ({help_text}): {error}") from error
