@@ -8,9 +8,10 @@ up on its own last drafted token.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -18,8 +19,8 @@ from transformers import PreTrainedModel
 from adaptive.cached_model import CachedModel
 from adaptive.pair import check_compatible
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
-from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
-from adaptive.verification import CorrectionRule, residual_correction, verify_block
+from adaptive.sampling import GREEDY, SamplingConfig, check_logits, draft_features, sample, sampling_distribution
+from adaptive.verification import CorrectionRule, residual_correction, verify_block, verify_block_greedy
 
 RECENT_ROUNDS = 8
 """How many recent accepted lengths a policy sees in :class:`DraftState`."""
@@ -234,26 +235,32 @@ class SpeculativeDecoder:
         forward_time = policy_time = 0.0
         steps: list[DraftStep] = []
         q_rows: list[torch.Tensor] = []
+        step_logits: list[torch.Tensor] = []
+        per_step = getattr(self.policy, "reads_step_features", True)
 
         draft_start = clock()
-        cumulative = 0.0
         while len(steps) < max_depth:
             feed = tokens[self.draft.length :] if not steps else [steps[-1].token]
             t0 = clock()
             logits = self.draft.forward(feed)[-1]
             forward_time += clock() - t0
-            q = sampling_distribution(logits, self.sampling)
-            token = int(sample(q, self.generator))
-            top1, entropy, log_prob = draft_features(logits, token)
-            cumulative += log_prob
-            steps.append(DraftStep(token, top1, entropy, log_prob, cumulative))
-            q_rows.append(q)
+            sampled = None
+            if not self.sampling.is_greedy:
+                q_rows.append(sampling_distribution(logits, self.sampling))
+                sampled = sample(q_rows[-1], self.generator)
+            if per_step:
+                steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))
+            else:  # features are computed for the whole round at once, after drafting
+                step_logits.append(logits)
+                steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES))
             state = DraftState(context_length, tuple(steps), max_depth, recent)
             t0 = clock()
             go_on = len(steps) < max_depth and self.policy.should_continue(state)
             policy_time += clock() - t0
             if not go_on:
                 break
+        if step_logits:
+            steps = _draft_steps(torch.stack(step_logits), torch.tensor([s.token for s in steps], device=logits.device), [])
         t0 = clock()
         state = DraftState(context_length, tuple(steps), max_depth, recent)
         verified = self.policy.verify_size(state) if steps else 0
@@ -267,9 +274,14 @@ class SpeculativeDecoder:
         t0 = clock()
         target_logits = self.target.forward(tokens[self.target.length :] + drafted)[-(verified + 1) :]
         forward_time += clock() - t0
-        p = sampling_distribution(target_logits, self.sampling)
-        q = torch.stack(q_rows[:verified]) if verified else p[:0]
-        verdict = verify_block(p, q, torch.tensor(drafted, dtype=torch.long, device=p.device), self.generator, self.correction)
+        drafted_ids = torch.tensor(drafted, dtype=torch.long, device=target_logits.device)
+        if self.sampling.is_greedy:
+            check_logits(target_logits)
+            verdict = verify_block_greedy(target_logits, drafted_ids)
+        else:
+            p = sampling_distribution(target_logits, self.sampling)
+            q = torch.stack(q_rows[:verified]) if verified else p[:0]
+            verdict = verify_block(p, q, drafted_ids, self.generator, self.correction)
         emitted = output.emit(drafted[: verdict.accepted] + [verdict.next_token])
         self.target.rollback(context_length + verdict.accepted)
         self.draft.rollback(min(self.draft.length, context_length + verdict.accepted))
@@ -291,7 +303,22 @@ class SpeculativeDecoder:
         )
         t0 = clock()
         self.policy.observe(stats)
-        return replace(stats, policy_time=policy_time + clock() - t0)
+        stats.policy_time += clock() - t0
+        return stats
+
+
+_NO_FEATURES = (math.nan, math.nan, math.nan, math.nan)
+"""Placeholder features while drafting for a policy that does not read them (filled in after drafting)."""
+
+
+def _draft_steps(logits: torch.Tensor, tokens: torch.Tensor | None, previous: list[DraftStep]) -> list[DraftStep]:
+    """DraftSteps for ``[n, V]`` logits, continuing the cumulative log-probability of ``previous``."""
+    cumulative = previous[-1].cumulative_log_prob if previous else 0.0
+    steps = []
+    for token, top1, entropy, log_prob in draft_features(logits, tokens):
+        cumulative += log_prob
+        steps.append(DraftStep(token, top1, entropy, log_prob, cumulative))
+    return steps
 
 
 def generate_plain(

@@ -45,7 +45,7 @@ class DraftState:
         return len(self.steps)
 
 
-@dataclass(frozen=True)
+@dataclass
 class RoundStats:
     """One draft-and-verify cycle, as measured.
 
@@ -82,6 +82,9 @@ class DraftPolicy(Protocol):
     """Decides the draft depth (continue/stop after each step) and the verification size."""
 
     name: str
+    reads_step_features: bool
+    """False if should_continue never looks at the steps' features (the decoder then computes them for
+    the whole round after drafting, in one pass; while drafting such a policy sees NaN features)."""
 
     def reset(self) -> None:
         """Forget per-generation state; called before each generation."""
@@ -100,6 +103,7 @@ class BasePolicy:
     """Convenient defaults: no state, verify everything drafted, ignore feedback."""
 
     name = "base"
+    reads_step_features = True
 
     def reset(self) -> None:
         """No per-generation state."""

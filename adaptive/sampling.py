@@ -8,6 +8,7 @@ that are sampled. Temperature 0 means greedy: the distribution is one-hot on the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,8 @@ def check_logits(logits: torch.Tensor) -> None:
 
     -inf is allowed: it is how a token is masked out (probability exactly 0).
     """
+    if math.isfinite(float(logits.sum())):  # the common case: one reduction (NaN and ±inf poison a sum)
+        return
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN; the model produced invalid values (check dtype/overflow)")
     if torch.isposinf(logits).any():
@@ -115,20 +118,37 @@ def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token id per row of ``probs`` (``[..., V]`` -> ``[...]``)."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    """Draw one token id per row of ``probs`` (``[..., V]`` -> ``[...]``) by inverse CDF.
+
+    A uniform u in [0, total) picks the first index whose cumulative mass exceeds u, so a token with
+    probability 0 (a flat step of the CDF) is never drawn. Cheaper than ``torch.multinomial`` per call.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[:-1] + (1,), generator=generator, dtype=cdf.dtype, device=probs.device) * cdf[..., -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_max(probs.shape[-1] - 1).squeeze(-1)
 
 
-def draft_features(logits: torch.Tensor, token: int) -> tuple[float, float, float]:
-    """Confidence features of one draft step, from the draft's untempered softmax.
+def draft_features(logits: torch.Tensor, tokens: torch.Tensor | None = None) -> list[tuple[int, float, float, float]]:
+    """Drafted tokens and their confidence features, from the draft's untempered softmax, in one pass.
 
     Features do not depend on the sampling config, so a policy sees the same signals greedy or sampled.
 
+    Args:
+        logits: ``[n, V]`` draft logits of n steps.
+        tokens: ``[n]`` the tokens drawn from the sampling distribution; None for greedy (the arg-max).
+
     Returns:
-        (top-1 probability, entropy in nats, log-probability of the drafted token).
+        Per step: (token, top-1 probability, entropy in nats, log-probability of the token).
     """
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    probs = log_probs.exp()
-    entropy = -(probs * log_probs.nan_to_num(neginf=0.0)).sum()
-    return float(probs.max()), float(entropy), float(log_probs[token])
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    top_log_prob, top_token = log_probs.max(dim=-1)
+    chosen = top_token if tokens is None else tokens
+    features = torch.stack(
+        [top_log_prob, torch.special.entr(log_probs.exp()).sum(dim=-1), log_probs.gather(-1, chosen[:, None])[:, 0]]
+    )
+    top, entropy, chosen_log_prob = features.tolist()
+    if any(math.isnan(value) for value in top):  # NaN or +inf logits poison the softmax; raise the precise error
+        check_logits(logits)
+    return [(token, math.exp(t), h, lp) for token, t, h, lp in zip(chosen.tolist(), top, entropy, chosen_log_prob)]

@@ -100,3 +100,22 @@ def verify_block(
     if accepted == gamma:
         return BlockVerdict(gamma, int(sample(p[gamma], generator)))
     return BlockVerdict(accepted, int(sample(correction(p[accepted], q[accepted]), generator)))
+
+
+def verify_block_greedy(target_logits: torch.Tensor, tokens: torch.Tensor) -> BlockVerdict:
+    """Greedy verification: keep drafted tokens while they equal the target's arg-max, then emit its arg-max.
+
+    Identical in outcome to :func:`verify_block` on the one-hot distributions of temperature 0 (a test
+    checks this), without building any distribution.
+
+    Args:
+        target_logits: ``[γ+1, V]`` target logits at the drafted positions plus the bonus position.
+        tokens: ``[γ]`` drafted token ids.
+    """
+    choices = target_logits.argmax(dim=-1).tolist()
+    accepted = 0
+    for drafted in tokens.tolist():
+        if drafted != choices[accepted]:
+            break
+        accepted += 1
+    return BlockVerdict(accepted, choices[accepted])

@@ -12,6 +12,8 @@ from adaptive.policy import BasePolicy, DraftState, RoundStats
 class StaticDepth(BasePolicy):
     """Always draft ``gamma`` tokens (the classic fixed γ)."""
 
+    reads_step_features = False
+
     def __init__(self, gamma: int) -> None:
         if gamma < 1:
             raise ValueError(f"static depth must be >= 1, got {gamma}")
@@ -24,6 +26,8 @@ class StaticDepth(BasePolicy):
 
 class HeuristicSchedule(BasePolicy):
     """transformers' "heuristic" schedule: +2 after a fully accepted round, else -1 (never below 1)."""
+
+    reads_step_features = False
 
     def __init__(self, initial: int = 5) -> None:
         if initial < 1:
@@ -87,6 +91,8 @@ class CostModelPolicy(BasePolicy):
         prior_weight: pseudo-observations behind the prior.
         decay: per-round forgetting factor of the counts (1.0 = never forget).
     """
+
+    reads_step_features = False
 
     def __init__(
         self,

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up adaptive-draft from nothing: a virtual environment in .venv with the project installed.
+# torch is pinned to 2.13.0 first: on this kind of machine that is a CPU wheel on local disk, while an
+# unpinned torch would pull a multi-GB CUDA build. Safe to run again (it only installs what is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+.venv/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny randomly initialised Llama models built from a config (no download)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def tiny_llama(seed: int, vocab: int = 16, layers: int = 2, hidden: int = 32, dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+    """A tiny random Llama with no special tokens (so generation never stops early unless told to)."""
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    # Larger output weights give peaked, model-like distributions instead of near-uniform ones.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def perturbed_copy(model: LlamaForCausalLM, scale: float, seed: int) -> LlamaForCausalLM:
+    """A draft close to ``model``: the same weights plus Gaussian noise of relative size ``scale``."""
+    clone = tiny_llama(0, model.config.vocab_size, model.config.num_hidden_layers, model.config.hidden_size, model.dtype)
+    clone.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in clone.parameters():
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            parameter.add_(scale * parameter.std() * noise)
+    return clone
+
+
+@pytest.fixture(scope="session")
+def target() -> LlamaForCausalLM:
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def near_draft(target) -> LlamaForCausalLM:
+    return perturbed_copy(target, scale=0.3, seed=1)
+
+
+@pytest.fixture(scope="session")
+def far_draft() -> LlamaForCausalLM:
+    return tiny_llama(seed=7, layers=1)

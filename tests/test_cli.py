@@ -1,0 +1,83 @@
+"""The ``adaptive`` command line, run as a user would (a subprocess of the installed console script)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from conftest import perturbed_copy, tiny_llama
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "adaptive.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_exactness_reproduces_the_seed_analysis():
+    out = run("exactness").stdout
+    assert "| residual | 0.500000 | 0.300000 | 0.200000 | 0.000000 |" in out
+    assert "| naive    | 0.350000 | 0.390000 | 0.260000 | 0.150000 |" in out
+    assert "200000 trials, seed 20260923" in out
+    assert "A 0.00112" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--alpha", "0.7", "--c", "0.05"], "optimal gamma* = 6: E = 3.058819, S = 2.353"),
+        (["--alpha", "0.7", "--c", "0.20"], "optimal gamma* = 3: E = 2.533000, S = 1.583"),
+        (["--alpha", "0.7", "--c", "0.05", "--g", "3", "--max-gamma", "6"], "optimal gamma* = 6: E = 3.058819, S = 0.927"),
+    ],
+)
+def test_costmodel_reproduces_the_seed_sweep(args, expected):
+    assert expected in run("costmodel", *args).stdout
+
+
+def test_costmodel_bad_alpha_is_a_clear_error():
+    result = run("costmodel", "--alpha", "1.5", "--c", "0.1")
+    assert result.returncode == 2
+    assert "alpha must be in [0, 1], got 1.5" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    """A tiny target/draft pair with a real (word-level) tokenizer, saved like any local model."""
+    words = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "and", "then", "slept", "here", "now", "."]
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>"
+    )
+    target = tiny_llama(0, dtype=__import__("torch").float32)
+    draft = perturbed_copy(target, 0.3, seed=1)
+    folders = {}
+    for name, model in (("target", target), ("draft", draft)):
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[name] = str(folder)
+    return folders
+
+
+def _word_tokenizer(words: list[str]) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer
+
+
+def test_generate_prints_rounds_and_speedup(model_folders):
+    result = run(
+        "generate", "--target", model_folders["target"], "--draft", model_folders["draft"],
+        "--policy", "heuristic", "--max-new-tokens", "20", "--compare", "the cat sat",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| round | context | drafted | verified | accepted | emitted |" in result.stdout
+    assert "speedup over plain decoding:" in result.stdout
+    assert "greedy outputs: identical" in result.stdout
+
+
+def test_generate_bad_policy_is_a_clear_error(model_folders):
+    result = run("generate", "--target", model_folders["target"], "--draft", model_folders["draft"], "--policy", "fast", "x")
+    assert result.returncode == 2
+    assert "unknown policy 'fast'" in result.stderr

@@ -1,0 +1,95 @@
+"""Statistical exactness of the whole decoder at T > 0.
+
+The exact distribution of the first two generated tokens is enumerated from the target alone (full
+forwards, no cache: an independent path). Speculative decoding is then run n = 20,000 times with fixed
+seeds and the empirical joint frequencies are compared with it.
+
+Tolerance, derived from n: for an outcome with probability p the frequency has standard error
+σ = sqrt(p(1-p)/n). We require every outcome within 5σ (with K ≤ 256 outcomes, a correct sampler exceeds
+that with probability ≤ K·5.7e-7 ≈ 1.5e-4) and the Pearson statistic within 5 standard deviations of its
+mean (z = (χ² - df)/sqrt(2·df) < 5). The same test, with the naive "resample from p" correction plugged into
+the same decoder, must fail — proof that it can.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, residual_correction, sampling_distribution
+from policies import HeuristicSchedule, StaticDepth
+
+N_SAMPLES = 20_000
+PROMPT = [3]  # one token: no prefill forward, so 20,000 samples stay affordable
+
+
+def exact_two_token_distribution(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """P(x1, x2 | prompt) under the target and the sampling contract, as a ``[V, V]`` matrix."""
+    vocab = target.config.vocab_size
+    with torch.no_grad():
+        first = sampling_distribution(target(torch.tensor([prompt])).logits[0, -1], sampling).double()
+        continuations = torch.tensor([prompt + [x] for x in range(vocab)])
+        second = sampling_distribution(target(continuations).logits[:, -1], sampling).double()
+    return first[:, None] * second
+
+
+def empirical_two_token_counts(decoder: SpeculativeDecoder, n: int) -> torch.Tensor:
+    vocab = decoder.target.model.config.vocab_size
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    for seed in range(n):
+        first, second = decoder.generate(PROMPT, max_new_tokens=2, seed=seed).token_ids
+        counts[first, second] += 1
+    return counts
+
+
+def deviation_statistics(counts: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """(largest per-outcome z-score, Pearson χ² z-score) of ``counts`` against ``exact``."""
+    n = counts.sum()
+    p = exact.flatten()
+    freq = counts.flatten() / n
+    if (freq[p == 0] > 0).any():
+        return math.inf, math.inf
+    support = p > 0
+    sigma = (p[support] * (1 - p[support]) / n).sqrt()
+    max_z = float(((freq[support] - p[support]).abs() / sigma).max())
+    expected = n * p[support]
+    chi2 = float((((counts.flatten()[support] - expected) ** 2) / expected).sum())
+    df = int(support.sum()) - 1
+    return max_z, (chi2 - df) / math.sqrt(2 * df)
+
+
+CASES = {
+    "far draft, T=1, static:1 (bonus path)": ("far_draft", SamplingConfig(1.0), lambda: StaticDepth(1)),
+    "far draft, T=1.3, top-p 0.8, static:3": ("far_draft", SamplingConfig(1.3, top_p=0.8), lambda: StaticDepth(3)),
+    "near draft, T=0.8, top-k 6, top-p 0.9, heuristic": (
+        "near_draft",
+        SamplingConfig(0.8, top_k=6, top_p=0.9),
+        lambda: HeuristicSchedule(2),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculative_samples_follow_target_distribution(case, target, request):
+    draft_name, sampling, policy = CASES[case]
+    decoder = SpeculativeDecoder(target, request.getfixturevalue(draft_name), policy(), sampling)
+    exact = exact_two_token_distribution(target, PROMPT, sampling)
+    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES), exact)
+    assert max_z < 5.0, f"an outcome deviates by {max_z:.1f} standard errors"
+    assert chi2_z < 5.0, f"Pearson statistic {chi2_z:.1f} standard deviations above its mean"
+
+
+@pytest.mark.slow
+def test_naive_resampling_fails_the_same_test(target, far_draft):
+    sampling = SamplingConfig(1.0)
+    decoder = SpeculativeDecoder(target, far_draft, StaticDepth(1), sampling, correction=naive_correction)
+    exact = exact_two_token_distribution(target, PROMPT, sampling)
+    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES), exact)
+    assert max_z > 5.0 and chi2_z > 5.0, "the naive rule should be detected as biased"
+
+
+def test_exact_rule_is_the_default():
+    assert SpeculativeDecoder.__init__.__kwdefaults__["correction"] is residual_correction

@@ -1,0 +1,114 @@
+"""The probability contract: one function from logits to the sampled distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaptive import SamplingConfig, sampling_distribution
+from adaptive.sampling import draft_features, sample
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+
+
+def test_greedy_is_one_hot_on_argmax():
+    probs = sampling_distribution(LOGITS, SamplingConfig(0.0))
+    assert probs.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_temperature_scales_logits_before_softmax():
+    probs = sampling_distribution(LOGITS, SamplingConfig(0.5))
+    assert torch.allclose(probs, torch.softmax(LOGITS / 0.5, dim=-1))
+
+
+def test_top_k_keeps_the_k_most_probable_tokens_renormalised():
+    probs = sampling_distribution(LOGITS, SamplingConfig(1.0, top_k=2))
+    expected = torch.softmax(torch.tensor([2.0, 3.0]), dim=-1)
+    assert probs[[1, 2, 3]].sum() == 0
+    assert torch.allclose(probs[[0, 4]], expected)
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_the_mass():
+    full = torch.softmax(LOGITS, dim=-1)  # sorted order: 4, 0, 1, 2, 3
+    top_two = float(full[4] + full[0])
+    kept_two = sampling_distribution(LOGITS, SamplingConfig(1.0, top_p=top_two - 1e-4))
+    assert set(kept_two.nonzero().flatten().tolist()) == {4, 0}
+    kept_three = sampling_distribution(LOGITS, SamplingConfig(1.0, top_p=top_two + 1e-4))
+    assert set(kept_three.nonzero().flatten().tolist()) == {4, 0, 1}
+    assert torch.isclose(kept_three.sum(), torch.tensor(1.0))
+
+
+def test_top_p_always_keeps_the_top_token():
+    probs = sampling_distribution(LOGITS, SamplingConfig(1.0, top_p=1e-6))
+    assert probs.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_mask_removes_tokens_before_everything_else():
+    mask = torch.tensor([True, True, True, True, False])
+    assert sampling_distribution(LOGITS, SamplingConfig(0.0), mask).argmax() == 0
+    assert sampling_distribution(LOGITS, SamplingConfig(1.0), mask)[4] == 0
+
+
+def test_rows_are_processed_independently():
+    batch = torch.stack([LOGITS, LOGITS.flip(0)])
+    probs = sampling_distribution(batch, SamplingConfig(0.7, top_k=3))
+    assert torch.allclose(probs[1], sampling_distribution(LOGITS.flip(0), SamplingConfig(0.7, top_k=3)))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_invalid_logits_raise(bad):
+    logits = LOGITS.clone()
+    logits[2] = bad
+    with pytest.raises(ValueError, match="NaN|inf"):
+        sampling_distribution(logits, SamplingConfig(1.0))
+
+
+def test_fully_masked_row_raises():
+    with pytest.raises(ValueError, match="every logit"):
+        sampling_distribution(torch.full((4,), float("-inf")), SamplingConfig(1.0))
+
+
+def test_neg_inf_is_a_legal_mask():
+    logits = LOGITS.clone()
+    logits[0] = float("-inf")
+    assert sampling_distribution(logits, SamplingConfig(1.0))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"temperature": -1.0}, "temperature"), ({"top_k": -2}, "top_k"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p")],
+)
+def test_bad_config_names_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
+
+
+def test_sample_draws_with_the_given_generator():
+    probs = torch.softmax(LOGITS, dim=-1)
+    first = [int(sample(probs, torch.Generator().manual_seed(5))) for _ in range(3)]
+    assert len(set(first)) == 1
+
+
+def test_draft_features_use_untempered_softmax():
+    ((token, top1, entropy, log_prob),) = draft_features(LOGITS[None], torch.tensor([0]))
+    assert token == 0
+    assert draft_features(LOGITS[None])[0][0] == 4  # greedy: the arg-max
+    probs = torch.softmax(LOGITS, dim=-1)
+    assert top1 == pytest.approx(float(probs.max()))
+    assert entropy == pytest.approx(float(-(probs * probs.log()).sum()), rel=1e-5)
+    assert log_prob == pytest.approx(float(probs[0].log()), rel=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_draft_features_reject_invalid_logits(bad):
+    logits = LOGITS.clone()
+    logits[1] = bad
+    with pytest.raises(ValueError, match="NaN|inf"):
+        draft_features(logits[None])
+
+
+def test_draft_features_handle_masked_tokens():
+    logits = LOGITS.clone()
+    logits[0] = float("-inf")
+    ((_, top1, entropy, _),) = draft_features(logits[None])
+    assert entropy == pytest.approx(float(torch.special.entr(torch.softmax(logits, -1)).sum()))
