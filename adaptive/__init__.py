@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from adaptive.costmodel import expected_tokens, expected_tokens_from_lengths, optimal_gamma, optimal_gamma_from_lengths, speedup
 from adaptive.decoder import GenerationResult, SpeculativeDecoder, generate_plain
 from adaptive.exactness import induced_distribution, monte_carlo_audit, total_variation
-from adaptive.pair import check_compatible, load_pair_from_paths
+from adaptive.pair import ModelPair, check_compatible, load_pair, load_pair_from_paths
 from adaptive.policy import BasePolicy, DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.sampling import GREEDY, SamplingConfig, sampling_distribution
 from adaptive.verification import naive_correction, residual_correction, verify_block
@@ -27,6 +27,7 @@ __all__ = [
     "DraftState",
     "DraftStep",
     "GenerationResult",
+    "ModelPair",
     "RoundStats",
     "SamplingConfig",
     "SpeculativeDecoder",
@@ -35,6 +36,7 @@ __all__ = [
     "expected_tokens_from_lengths",
     "generate_plain",
     "induced_distribution",
+    "load_pair",
     "load_pair_from_paths",
     "make_policy",
     "monte_carlo_audit",

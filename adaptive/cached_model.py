@@ -22,8 +22,8 @@ def _cache_keyword(model: PreTrainedModel) -> str:
 def output_vocab_size(model: PreTrainedModel) -> int:
     """Number of logits the model produces per position."""
     head = model.get_output_embeddings()
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
+    if head is not None and hasattr(head, "out_features"):  # nn.Linear, or a reduced-vocabulary SubsetHead
+        return int(head.out_features)
     return int(model.config.vocab_size)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 import torch
@@ -89,26 +90,97 @@ def _summary(label: str, result: GenerationResult) -> list:
     ]
 
 
+def _load_pair(args: argparse.Namespace):
+    """The pair named by --pair, or the one given by --target and --draft."""
+    from adaptive.pair import load_pair, load_pair_from_paths
+
+    if args.pair:
+        return load_pair(args.pair, args.dtype, args.device)
+    if not (args.target and args.draft):
+        raise ValueError("give --pair NAME, or both --target PATH and --draft PATH")
+    return load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
+
+
+def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    from adaptive.pair import PAIRS
+
+    parser.add_argument("--pair", help=f"a named pair: {', '.join(PAIRS)}")
+    parser.add_argument("--target", help="folder (or hub id) of the target model, instead of --pair")
+    parser.add_argument("--draft", help="folder of the draft model (same tokenizer), instead of --pair")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu")
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
+    from adaptive.profiling import profile_pair, save_profile
+
+    pair = _load_pair(args)
+    contexts = tuple(int(x) for x in args.contexts.split(","))
+    profile = profile_pair(
+        pair.target, pair.draft, max_verify=args.max_verify, contexts=contexts,
+        reference_context=args.reference_context, repetitions=args.repetitions,
+    )
+    profile["pair"] = pair.name
+    save_profile(profile, args.out)
+    hw = profile["hardware"]
+    print(f"pair {pair.name}, {profile['dtype']}, {hw['processor']} ({hw['torch_threads']} threads), {args.repetitions} repetitions, medians")
+    print(f"target step {profile['target_step_ms']:.2f} ms, draft step {profile['draft_step_ms']:.2f} ms at context {args.reference_context}")
+    rows = []
+    for gamma in range(0, args.max_verify):
+        point = profile["verify"][str(args.reference_context)][str(gamma + 1)]
+        rows.append([gamma, gamma + 1, f"{point['median_ms']:.2f}", f"{point['p25_ms']:.2f}-{point['p75_ms']:.2f}", f"{profile['g'][str(gamma)]:.3f}"])
+    print(format_table(["gamma", "tokens verified", "verify ms", "IQR ms", "g(gamma)"], rows))
+    by_context = [[ctx, f"{profile['draft_step'][str(ctx)]['median_ms']:.2f}", f"{profile['verify'][str(ctx)]['1']['median_ms']:.2f}"] for ctx in contexts]
+    print(format_table(["context", "draft step ms", "target step ms"], by_context))
+    print(f"c = {profile['c']:.4f}   profile written to {args.out}")
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    """Distil a draft for the default target on the workload corpus (long: run it in the background)."""
+    import json
+    import logging
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptive.distill import DistillConfig, distill
+    from adaptive.models import cache_root, smollm2_folder
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    folder = smollm2_folder()
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    corpus = args.corpus or cache_root() / "corpus.jsonl"
+    if not Path(corpus).is_file():
+        raise ValueError(f"corpus {corpus} is missing; build it with `python scripts/build_workload.py`")
+    config = DistillConfig(num_layers=args.layers, vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+    summary = distill(target, tokenizer, Path(corpus), Path(args.out), config, cache_root() / "distill")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Speculative generation of one prompt, with per-round statistics and optional plain comparison."""
-    from adaptive.pair import load_pair_from_paths
+    from adaptive.workload import chat_ids
     from policies import make_policy
 
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     policy = make_policy(args.policy)
-    pair = load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
+    pair = _load_pair(args)
     decoder = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
+    prompt = chat_ids(pair.tokenizer, args.prompt) if args.chat else args.prompt
     if args.warmup:
-        decoder.generate(args.prompt, max_new_tokens=min(8, args.max_new_tokens), seed=args.seed)
-    result = decoder.generate(args.prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        decoder.generate(prompt, max_new_tokens=min(8, args.max_new_tokens), seed=args.seed)
+    result = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(f"pair: {pair.name}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}\n")
-    print(f"{args.prompt}{result.text}\n")
+    print(f"{args.prompt}\n--> {result.text}\n")
     if not args.quiet_rounds:
         _print_rounds(result)
     rows = [_summary(f"speculative ({policy.name})", result)]
     if args.compare:
         plain = generate_plain(
-            pair.target, args.prompt, args.max_new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed
+            pair.target, prompt, args.max_new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed
         )
         rows.append(_summary("plain target", plain))
     print()
@@ -118,6 +190,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if sampling.is_greedy:
             same = "identical" if plain.token_ids == result.token_ids else "DIFFERENT"
             print(f"greedy outputs: {same}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Decode one test prompt per language, speculative and plain side by side, and print the speedups."""
+    from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+    from policies import make_policy
+
+    sampling = SamplingConfig(args.temperature)
+    pair = _load_pair(args)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy), sampling, tokenizer=pair.tokenizer)
+    decoder.generate(chat_ids(pair.tokenizer, "Hello"), max_new_tokens=8)  # warm-up
+    print(f"pair {pair.name}, policy {decoder.policy.name}, {sampling.describe()}, {args.max_new_tokens} new tokens, "
+          f"first test-split prompt per language, plain and speculative in the same run\n")
+    rows = []
+    for index, lang in enumerate(LANGUAGES):
+        prompt = load_prompts("test", lang=lang)[0]
+        ids = chat_ids(pair.tokenizer, prompt["prompt"])
+        result = decoder.generate(ids, args.max_new_tokens, seed=args.seed)
+        plain = generate_plain(pair.target, ids, args.max_new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed)
+        if index == 0:
+            print(f"[{prompt['id']}] {prompt['prompt'][:200]}\n--> {result.text}\n")
+            _print_rounds(result)
+            print()
+        same = "yes" if result.token_ids == plain.token_ids else ("n/a (sampled)" if not sampling.is_greedy else "NO")
+        rows.append([
+            lang, prompt["task"], len(result.token_ids), f"{result.mean_emitted:.2f}", f"{result.acceptance_rate:.3f}",
+            f"{plain.tokens_per_second:.1f}", f"{result.tokens_per_second:.1f}",
+            f"{result.tokens_per_second / plain.tokens_per_second:.2f}x", same,
+        ])
+    print(format_table(["lang", "task", "tokens", "tokens/round", "accept rate", "plain tok/s", "spec tok/s", "speedup", "identical"], rows))
     return 0
 
 
@@ -144,8 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="speculative decoding of one prompt with per-round statistics")
     gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument("--target", required=True, help="folder (or hub id) of the target model")
-    gen.add_argument("--draft", required=True, help="folder (or hub id) of the draft model, same tokenizer")
+    _add_pair_arguments(gen)
     gen.add_argument("--policy", default="static:4", help="draft policy spec: static:G, heuristic, confidence[:TAU], entropy[:H], costmodel[:C]")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens")
@@ -153,12 +255,39 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--max-depth", type=int, default=16, help="hard cap on drafted tokens per round")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     gen.add_argument("--compare", action="store_true", help="also run plain target decoding and print the speedup")
     gen.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the short warm-up generation")
     gen.add_argument("--quiet-rounds", action="store_true", help="do not print the per-round table")
     gen.set_defaults(func=cmd_generate)
+
+    demo = commands.add_parser("demo", help="decode one test prompt per language, speculative vs plain, with speedups")
+    _add_pair_arguments(demo)
+    demo.set_defaults(pair="smollm2-135m")
+    demo.add_argument("--policy", default="static:4", help="draft policy spec (default static:4)")
+    demo.add_argument("--temperature", type=float, default=0.0)
+    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=cmd_demo)
+
+    prof = commands.add_parser("profile", help="measure draft step and verification costs of a pair on this machine")
+    _add_pair_arguments(prof)
+    prof.add_argument("--out", default="profiles/profile.json", help="where to write the JSON profile")
+    prof.add_argument("--max-verify", type=int, default=32, help="largest number of tokens verified at once")
+    prof.add_argument("--contexts", default="64,128,512", help="context lengths to measure at")
+    prof.add_argument("--reference-context", type=int, default=128, help="context at which c and g are summarised")
+    prof.add_argument("--repetitions", type=int, default=7)
+    prof.set_defaults(func=cmd_profile)
+
+    dist = commands.add_parser("distill", help="distil a draft from the default target on the workload corpus")
+    dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log")
+    dist.add_argument("--corpus", help="corpus JSONL (default: the one scripts/build_workload.py wrote)")
+    dist.add_argument("--layers", type=int, default=2)
+    dist.add_argument("--vocab", type=int, default=8192, help="size of the draft's output token subset")
+    dist.add_argument("--steps", type=int, default=900)
+    dist.add_argument("--batch-size", type=int, default=8)
+    dist.add_argument("--seed", type=int, default=0)
+    dist.set_defaults(func=cmd_distill)
     return parser
 
 

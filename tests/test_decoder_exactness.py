@@ -63,6 +63,11 @@ def deviation_statistics(counts: torch.Tensor, exact: torch.Tensor) -> tuple[flo
 CASES = {
     "far draft, T=1, static:1 (bonus path)": ("far_draft", SamplingConfig(1.0), lambda: StaticDepth(1)),
     "far draft, T=1.3, top-p 0.8, static:3": ("far_draft", SamplingConfig(1.3, top_p=0.8), lambda: StaticDepth(3)),
+    "reduced-vocabulary draft (7 of 16 tokens have q=0), T=1, static:2": (
+        "subset_draft",
+        SamplingConfig(1.0),
+        lambda: StaticDepth(2),
+    ),
     "near draft, T=0.8, top-k 6, top-p 0.9, heuristic": (
         "near_draft",
         SamplingConfig(0.8, top_k=6, top_p=0.9),

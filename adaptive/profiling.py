@@ -1,0 +1,132 @@
+"""Hardware cost profile of a model pair: draft step time and target verification time as a function of
+the tokens verified and the context length, measured on this machine.
+
+The profile's ``c`` (draft step / target step) and ``g`` (verification of γ drafted tokens, i.e. γ+1 fed
+tokens, / target step) are what the cost model, the environments and the evaluation consume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from adaptive.cached_model import CachedModel
+from adaptive.decoder import Clock
+
+
+def hardware_description(device: torch.device) -> dict[str, str | int]:
+    """What the numbers were measured on."""
+    info: dict[str, str | int] = {
+        "machine": platform.machine(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count() or 0,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _summary(seconds: list[float]) -> dict[str, float]:
+    quartiles = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
+    return {"median_ms": statistics.median(seconds) * 1e3, "p25_ms": quartiles[0] * 1e3, "p75_ms": quartiles[2] * 1e3}
+
+
+def _time_forward(model: CachedModel, context: list[int], tokens: list[int], repetitions: int, clock: Clock) -> list[float]:
+    """Seconds of feeding ``tokens`` after a cached ``context``, rolled back after each repetition."""
+    if model.length != len(context):
+        model.reset()
+        model.forward(context)
+    model.forward(tokens)  # warm-up at this shape
+    model.rollback(len(context))
+    times = []
+    for _ in range(repetitions):
+        start = clock()
+        model.forward(tokens)
+        times.append(clock() - start)
+        model.rollback(len(context))
+    return times
+
+
+def profile_pair(
+    target,
+    draft,
+    *,
+    max_verify: int = 32,
+    contexts: tuple[int, ...] = (64, 128, 512),
+    reference_context: int = 128,
+    repetitions: int = 7,
+    seed: int = 0,
+) -> dict:
+    """Measure the pair; returns the profile as a JSON-ready dict.
+
+    Args:
+        max_verify: largest number of tokens fed to the target in one verification.
+        contexts: context lengths (tokens already cached) to measure at.
+        reference_context: the context at which ``c`` and ``g`` are summarised.
+        repetitions: timed repetitions per point (after one warm-up).
+    """
+    if reference_context not in contexts:
+        raise ValueError(f"reference_context {reference_context} must be one of contexts {contexts}")
+    clock = Clock(target.device)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    target_cache, draft_cache = CachedModel(target), CachedModel(draft)
+    result: dict = {"contexts": list(contexts), "reference_context": reference_context, "repetitions": repetitions}
+    result["draft_step"], result["verify"] = {}, {}
+    work = [(ctx, n) for ctx in contexts for n in range(0, max_verify + 1)]
+    with tqdm(total=len(work), desc="profile", unit="point") as progress:
+        for ctx in contexts:
+            context = torch.randint(0, vocab, (ctx,), generator=generator).tolist()
+            new = torch.randint(0, vocab, (max_verify,), generator=generator).tolist()
+            result["draft_step"][str(ctx)] = _summary(_time_forward(draft_cache, context, new[:1], repetitions, clock))
+            progress.update()
+            result["verify"][str(ctx)] = {}
+            for n in range(1, max_verify + 1):
+                times = _time_forward(target_cache, context, new[:n], repetitions, clock)
+                result["verify"][str(ctx)][str(n)] = _summary(times)
+                progress.update()
+    reference = result["verify"][str(reference_context)]
+    step = reference["1"]["median_ms"]
+    result["target_step_ms"] = step
+    result["draft_step_ms"] = result["draft_step"][str(reference_context)]["median_ms"]
+    result["c"] = result["draft_step_ms"] / step
+    result["g"] = {str(gamma): reference[str(gamma + 1)]["median_ms"] / step for gamma in range(0, max_verify)}
+    result["hardware"] = hardware_description(target.device)
+    result["dtype"] = str(target.dtype).removeprefix("torch.")
+    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return result
+
+
+def save_profile(profile: dict, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(profile, indent=1))
+
+
+def load_profile(path: str | Path) -> dict:
+    """Read a profile written by :func:`save_profile` (``adaptive profile``)."""
+    profile = json.loads(Path(path).read_text())
+    for key in ("c", "g", "target_step_ms", "hardware"):
+        if key not in profile:
+            raise ValueError(f"{path} is not a cost profile: key {key!r} is missing")
+    return profile

@@ -1,0 +1,33 @@
+"""The multilingual prompt workload shipped in ``data/workload/prompts.jsonl`` (built by
+``scripts/build_workload.py``): Italian, English, Chinese and Spanish prompts of four task types, split
+train / val / test. The test split is for final evaluation only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "workload" / "prompts.jsonl"
+LANGUAGES = ("it", "en", "zh", "es")
+SPLITS = ("train", "val", "test")
+TASKS = ("question", "continuation", "code", "translation")
+
+
+def load_prompts(split: str, lang: str | None = None, task: str | None = None, path: Path = WORKLOAD) -> list[dict]:
+    """Prompts of one split, optionally filtered by language and task, in file order."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if lang is not None and lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; build it with `python scripts/build_workload.py`")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [r for r in rows if r["split"] == split and lang in (None, r["lang"]) and task in (None, r["task"])]
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of a one-turn chat request, ready for the assistant's answer."""
+    encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(encoded["input_ids"])

@@ -1,0 +1,255 @@
+"""Build the multilingual prompt workload and the distillation corpus from Debian packages, offline.
+
+Sources (downloaded with `apt-get download`, unpacked with `dpkg -x`, never installed): fortunes,
+fortunes-min, fortunes-it, fortunes-es, fortunes-zh, debian-reference-{en,it,es,zh-cn}, python3.11-doc.
+Offensive fortune sets (es/off, and the en/it sets listed in SKIPPED_FORTUNES) are skipped; ANSI colour
+codes are stripped.
+
+Every source passage is assigned to train / val / test by a hash of its text, so a passage (and anything
+made from it) lives in one split only. Prompts: four task types per language (question, continuation,
+code, translation), instructions written in the prompt's language. The corpus for distillation holds
+train-split passages only.
+
+Run: .venv/bin/python scripts/build_workload.py [--debs DIR] [--corpus PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from adaptive.models import cache_root, smollm2_folder  # noqa: E402
+
+PACKAGES = [
+    "fortunes", "fortunes-min", "fortunes-it", "fortunes-es", "fortunes-zh",
+    "debian-reference-en", "debian-reference-it", "debian-reference-es", "debian-reference-zh-cn", "python3.11-doc",
+]
+EN_FORTUNES = [
+    "fortunes", "literature", "riddles", "computers", "science", "wisdom", "work", "people", "education",
+    "humorists", "platitudes", "pets", "food", "tao", "goedel", "linux", "debian", "art", "paradoxum",
+    "pratchett", "songs-poems", "sports", "startrek",
+]
+SKIPPED_FORTUNES = ["en: drugs, ethnic, men-women, politics, law, kids, cookie and the rest not listed", "it: luttazzi", "es: off/*"]
+ZH_FORTUNES = ["chinese", "tang300", "song100"]
+LANGUAGES = ("it", "en", "zh", "es")
+REFERENCE_LANG = {"it": "it", "en": "en", "zh": "zh-cn", "es": "es"}
+LICENCES = {
+    "fortunes": "fortune-mod data: BSD-4-clause / public domain quotations (see /usr/share/doc/fortunes*/copyright)",
+    "debian-reference": "Debian Reference (Osamu Aoki): GPL-2+ (see /usr/share/doc/debian-reference-*/copyright)",
+    "python-doc": "Python documentation: PSF License Version 2 (see /usr/share/doc/python3.11/copyright)",
+}
+
+INSTRUCTIONS = {
+    "question": {
+        "en": "Explain briefly: {text}", "it": "Spiega brevemente: {text}",
+        "es": "Explica brevemente: {text}", "zh": "请简要解释：{text}",
+    },
+    "continuation": {
+        "en": "Continue the following text:\n\n{text}", "it": "Continua il testo seguente:\n\n{text}",
+        "es": "Continúa el siguiente texto:\n\n{text}", "zh": "请续写下面的文字：\n\n{text}",
+    },
+    "code": {
+        "en": "Explain what this Python code does:\n\n```python\n{text}\n```",
+        "it": "Spiega cosa fa questo codice Python:\n\n```python\n{text}\n```",
+        "es": "Explica qué hace este código Python:\n\n```python\n{text}\n```",
+        "zh": "请解释这段 Python 代码的作用：\n\n```python\n{text}\n```",
+    },
+    "translation": {
+        "en": "Translate into Spanish:\n\n{text}", "it": "Traduci in inglese:\n\n{text}",
+        "es": "Traduce al inglés:\n\n{text}", "zh": "请翻译成英文：\n\n{text}",
+    },
+}
+PROMPTS_PER_TASK = 75  # per language: 4 tasks x 75 = 300 prompts
+SPLIT_THRESHOLDS = (("train", 70), ("val", 85), ("test", 100))
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def split_of(text: str) -> str:
+    """Deterministic split by a hash of the passage text: 70% train, 15% val, 15% test."""
+    bucket = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 100
+    return next(name for name, limit in SPLIT_THRESHOLDS if bucket < limit)
+
+
+def fetch(debs: Path) -> Path:
+    """Download (if missing) and unpack the source packages; return the unpacked root."""
+    debs.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in PACKAGES if not list(debs.glob(f"{p}_*.deb"))]
+    if missing:
+        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True)
+    root = debs / "unpacked"
+    if not root.exists():
+        for deb in sorted(debs.glob("*.deb")):
+            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    return root
+
+
+def read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    return ANSI.sub("", text).replace("\r", "")
+
+
+def fortunes(path: Path) -> list[str]:
+    """Fortune entries without attribution lines."""
+    entries = []
+    for entry in read_text(path).split("\n%\n"):
+        lines = [line.rstrip() for line in entry.strip("\n%").split("\n") if not line.strip().startswith("--")]
+        text = "\n".join(lines).strip()
+        if text:
+            entries.append(text)
+    return entries
+
+
+def reference_parts(root: Path, lang: str) -> tuple[list[str], list[str]]:
+    """(section headings, prose paragraphs) of the Debian Reference in one language."""
+    text = ANSI.sub("", gzip.decompress((root / f"usr/share/debian-reference/debian-reference.{REFERENCE_LANG[lang]}.txt.gz").read_bytes()).decode("utf-8"))
+    headings = sorted({m.group(1).strip() for m in re.finditer(r"^\s+\d+(?:\.\d+)+\.\s+(.+)$", text, re.M)})
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", text.replace("\xa0", " ")):
+        lines = [line for line in block.split("\n") if line.strip()]
+        # prose is indented by exactly four spaces; code, tables and the table of contents are not prose
+        if len(lines) < 2 or any(not re.match(r"^    \S", line) for line in lines):
+            continue
+        paragraph = " ".join(line.strip() for line in lines)
+        if paragraph.startswith(("|", "+", "$", "#")) or re.match(r"^\d+(\.\d+)*\.\s", paragraph):
+            continue
+        if paragraph.endswith((".", ":", "。", "：")):
+            paragraphs.append(paragraph)
+    return headings, paragraphs
+
+
+def python_examples(root: Path) -> list[str]:
+    """Interactive examples (>>> blocks) from the Python documentation sources."""
+    blocks = []
+    for path in sorted((root / "usr/share/doc/python3.11/html/_sources").rglob("*.rst.txt")):
+        for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
+            lines = [line.strip() for line in block.split("\n") if line.strip()]
+            if lines and lines[0].startswith(">>> ") and 2 <= len(lines) <= 12:
+                blocks.append("\n".join(lines))
+    return blocks
+
+
+def python_prose(root: Path) -> list[str]:
+    """Prose paragraphs of the Python tutorial and how-tos (corpus only)."""
+    paragraphs = []
+    for sub in ("tutorial", "howto", "faq"):
+        for path in sorted((root / f"usr/share/doc/python3.11/html/_sources/{sub}").glob("*.rst.txt")):
+            for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
+                if block.startswith((" ", ".", "*", "=", "-")):
+                    continue
+                paragraph = " ".join(line.strip() for line in block.split("\n")).strip()
+                if len(paragraph) > 80:
+                    paragraphs.append(paragraph)
+    return paragraphs
+
+
+def collect_sources(root: Path) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Per language, per kind: (source name, text) candidates."""
+    games = root / "usr/share/games/fortunes"
+    by_lang: dict[str, dict[str, list[tuple[str, str]]]] = {lang: defaultdict(list) for lang in LANGUAGES}
+    sayings = {
+        "en": [(f"fortunes/{n}", t) for n in EN_FORTUNES for t in fortunes(games / n)],
+        "it": [(f"fortunes-it/{p.name}", t) for p in sorted((games / "it").iterdir()) if "." not in p.name and p.name != "luttazzi" for t in fortunes(p)],
+        "es": [(f"fortunes-es/{p.stem}", t) for p in sorted((games / "es").glob("*.fortunes")) for t in fortunes(p)],
+        "zh": [(f"fortunes-zh/{n}", t) for n in ZH_FORTUNES for t in fortunes(games / n)],
+    }
+    code = [("python3.11-doc", block) for block in python_examples(root)]
+    for lang in LANGUAGES:
+        headings, paragraphs = reference_parts(root, lang)
+        by_lang[lang]["heading"] = [(f"debian-reference-{REFERENCE_LANG[lang]}", h) for h in headings]
+        by_lang[lang]["paragraph"] = [(f"debian-reference-{REFERENCE_LANG[lang]}", p) for p in paragraphs]
+        by_lang[lang]["saying"] = sayings[lang]
+        by_lang[lang]["code"] = code
+    by_lang["en"]["prose"] = [("python3.11-doc", p) for p in python_prose(root)]
+    return by_lang
+
+
+TASK_SOURCES = {"question": "heading", "continuation": "paragraph", "code": "code", "translation": "saying"}
+TOKEN_RANGE = {"question": (3, 40), "continuation": (25, 110), "code": (15, 110), "translation": (8, 80)}
+
+
+def licence_of(source: str) -> str:
+    if source.startswith("fortunes"):
+        return LICENCES["fortunes"]
+    return LICENCES["debian-reference" if source.startswith("debian-reference") else "python-doc"]
+
+
+def build_prompts(by_lang, tokenizer, seed: int = 20260923) -> list[dict]:
+    """PROMPTS_PER_TASK prompts per (language, task), split by passage hash; code blocks differ per language."""
+    rng = random.Random(seed)
+    prompts, used_code = [], set()
+    for lang in LANGUAGES:
+        for task, kind in TASK_SOURCES.items():
+            low, high = TOKEN_RANGE[task]
+            candidates = [c for c in by_lang[lang][kind] if c[1] not in used_code]
+            rng.shuffle(candidates)
+            chosen = []
+            for source, text in candidates:
+                if low <= len(tokenizer(text)["input_ids"]) <= high:
+                    chosen.append((source, text))
+                if len(chosen) == PROMPTS_PER_TASK:
+                    break
+            if task == "code":
+                used_code.update(text for _, text in chosen)
+            for index, (source, text) in enumerate(chosen):
+                prompt = INSTRUCTIONS[task][lang].format(text=text)
+                prompts.append({
+                    "id": f"{lang}-{task}-{index:03d}", "lang": lang, "task": task, "split": split_of(text),
+                    "source": source, "licence": licence_of(source), "prompt": prompt,
+                    "prompt_tokens": len(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]),
+                })
+    return prompts
+
+
+def build_corpus(by_lang, prompts: list[dict]) -> list[dict]:
+    """Train-split passages of every kind (and train prompts); nothing from val or test."""
+    held_out = {p["prompt"] for p in prompts if p["split"] != "train"}
+    rows = []
+    for lang in LANGUAGES:
+        for kind, items in by_lang[lang].items():
+            if kind == "code" and lang != "en":
+                continue  # one copy of the code examples
+            for source, text in items:
+                if split_of(text) == "train" and not any(text in prompt for prompt in held_out if len(text) > 40 and kind != "heading"):
+                    rows.append({"lang": lang, "kind": kind, "source": source, "text": text})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debs", type=Path, default=cache_root() / "debs", help="where the .deb files are kept")
+    parser.add_argument("--out", type=Path, default=ROOT / "data" / "workload" / "prompts.jsonl")
+    parser.add_argument("--corpus", type=Path, default=cache_root() / "corpus.jsonl", help="distillation corpus (train split only)")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+    by_lang = collect_sources(fetch(args.debs))
+    prompts = build_prompts(by_lang, tokenizer)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts))
+    corpus = build_corpus(by_lang, prompts)
+    args.corpus.parent.mkdir(parents=True, exist_ok=True)
+    args.corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in corpus))
+    counts = Counter((p["lang"], p["split"]) for p in prompts)
+    for lang in LANGUAGES:
+        print(lang, {split: counts[(lang, split)] for split, _ in SPLIT_THRESHOLDS})
+    print(f"wrote {len(prompts)} prompts to {args.out} and {len(corpus)} corpus passages to {args.corpus}")
+
+
+if __name__ == "__main__":
+    main()

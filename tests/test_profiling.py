@@ -1,0 +1,41 @@
+"""Cost profiles: structure, consistency of c and g with the raw timings, and the cost model reading them."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive.costmodel import load_g_profile, optimal_gamma
+from adaptive.profiling import load_profile, profile_pair, save_profile
+
+
+@pytest.fixture(scope="module")
+def profile(target, near_draft):
+    return profile_pair(target, near_draft, max_verify=6, contexts=(8, 32), reference_context=32, repetitions=3)
+
+
+def test_profile_has_every_point_with_median_and_spread(profile):
+    for ctx in ("8", "32"):
+        assert set(profile["verify"][ctx]) == {str(n) for n in range(1, 7)}
+        for point in [profile["draft_step"][ctx], *profile["verify"][ctx].values()]:
+            assert 0 < point["p25_ms"] <= point["median_ms"] <= point["p75_ms"]
+
+
+def test_c_and_g_are_ratios_of_the_reference_timings(profile):
+    reference = profile["verify"]["32"]
+    assert profile["g"]["0"] == pytest.approx(1.0)
+    assert profile["g"]["3"] == pytest.approx(reference["4"]["median_ms"] / reference["1"]["median_ms"])
+    assert profile["c"] == pytest.approx(profile["draft_step"]["32"]["median_ms"] / reference["1"]["median_ms"])
+    assert profile["hardware"]["cpu_count"] >= 1 and profile["dtype"] == "float64"
+
+
+def test_cost_model_consumes_the_profile(tmp_path, profile):
+    path = tmp_path / "profile.json"
+    save_profile(profile, path)
+    assert load_profile(path)["c"] == profile["c"]
+    g = load_g_profile(path)
+    assert optimal_gamma(0.8, profile["c"], g, max_gamma=5).gamma in range(1, 6)
+
+
+def test_reference_context_must_be_measured(target, near_draft):
+    with pytest.raises(ValueError, match="reference_context 100"):
+        profile_pair(target, near_draft, contexts=(8,), reference_context=100)
