@@ -1,0 +1,64 @@
+"""Greedy speculative output vs plain greedy output on every prompt of a split, per language.
+
+For each prompt (chat format): plain greedy decoding of the target and speculative decoding with a static
+depth, same number of new tokens. Prints per language how many outputs are token-identical, the measured
+acceptance rate (accepted / verified drafted tokens) and tokens per round; writes JSON.
+
+Run: .venv/bin/python benchmarks/greedy_identity.py [--split test] [--new-tokens 64] [--policy static:4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from tqdm import tqdm
+
+from adaptive import SpeculativeDecoder, generate_plain, load_pair
+from adaptive.report import format_table
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from policies import make_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="smollm2-135m")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--policy", default="static:4")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/greedy_identity.json"))
+    args = parser.parse_args()
+    pair = load_pair(args.pair)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy), tokenizer=pair.tokenizer)
+    rows = []
+    for prompt in tqdm(load_prompts(args.split), desc="prompts"):
+        ids = chat_ids(pair.tokenizer, prompt["prompt"])
+        plain = generate_plain(pair.target, ids, args.new_tokens)
+        result = decoder.generate(ids, args.new_tokens)
+        rows.append({
+            "id": prompt["id"], "lang": prompt["lang"], "identical": result.token_ids == plain.token_ids,
+            "accepted": sum(r.accepted for r in result.rounds), "verified": sum(r.verified for r in result.rounds),
+            "tokens": len(result.token_ids), "rounds": len(result.rounds),
+            "plain_seconds": plain.total_time, "speculative_seconds": result.total_time,
+        })
+    totals: dict[str, dict] = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        for key in (row["lang"], "all"):
+            for field in ("identical", "accepted", "verified", "tokens", "rounds", "plain_seconds", "speculative_seconds"):
+                totals[key][field] += row[field]
+            totals[key]["prompts"] += 1
+    table = [
+        [lang, int(t["prompts"]), f"{int(t['identical'])}/{int(t['prompts'])}", f"{t['accepted'] / t['verified']:.3f}",
+         f"{t['tokens'] / t['rounds']:.2f}", f"{t['plain_seconds'] / t['speculative_seconds']:.2f}x"]
+        for lang, t in ((lang, totals[lang]) for lang in (*LANGUAGES, "all"))
+    ]
+    print(f"pair {args.pair}, {args.split} split, greedy, {args.new_tokens} new tokens, policy {args.policy}")
+    print(format_table(["lang", "prompts", "identical to plain", "acceptance rate", "tokens/round", "speedup"], table))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

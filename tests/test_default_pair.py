@@ -1,0 +1,45 @@
+"""Integration with the real default pair (SmolLM2-135M-Instruct + the shipped draft), bounded in time.
+
+The first run on a fresh machine converts the GGUF target once (about 20 s)."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
+from adaptive.draft_model import read_metadata
+from adaptive.pair import ASSETS
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from policies import make_policy
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("smollm2-135m")
+
+
+def test_pair_loads_by_name_offline_with_a_small_shipped_draft(pair):
+    assert pair.target.config.vocab_size == 49152
+    weights = ASSETS / "smollm2-135m-draft" / "draft.safetensors"
+    assert weights.stat().st_size < 50e6
+    assert read_metadata(weights.parent)["format"] == "adaptive-draft/1"
+    assert sum(p.numel() for p in pair.draft.model.layers.parameters()) < 0.2 * sum(p.numel() for p in pair.target.model.layers.parameters())
+
+
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_greedy_speculation_is_token_identical_to_plain_greedy(pair, lang):
+    prompt = load_prompts("test", lang=lang)[1]
+    ids = chat_ids(pair.tokenizer, prompt["prompt"])
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:4"), tokenizer=pair.tokenizer)
+    result = decoder.generate(ids, 32)
+    assert result.token_ids == generate_plain(pair.target, ids, 32).token_ids
+    assert result.acceptance_rate > 0.2, "the distilled draft should get a fair share of tokens accepted"
+
+
+def test_sampled_speculation_runs_with_the_reduced_vocabulary_draft(pair):
+    ids = chat_ids(pair.tokenizer, load_prompts("test", lang="zh")[0]["prompt"])
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("heuristic"), SamplingConfig(0.7), tokenizer=pair.tokenizer)
+    result = decoder.generate(ids, 24, seed=1)
+    assert 1 <= len(result.token_ids) <= 24 and all(1 <= r.emitted <= r.verified + 1 for r in result.rounds)
