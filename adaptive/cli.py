@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="decode one test prompt per language, speculative vs plain, with speedups")
     _add_pair_arguments(demo)
     demo.set_defaults(pair="smollm2-135m")
-    demo.add_argument("--policy", default="static:4", help="draft policy spec (default static:4)")
+    demo.add_argument("--policy", default="entropy", help="draft policy spec (default entropy: the fastest baseline measured on the default pair)")
     demo.add_argument("--temperature", type=float, default=0.0)
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--seed", type=int, default=0)

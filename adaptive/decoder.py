@@ -46,6 +46,7 @@ class GenerationResult:
     token_ids: list[int]
     rounds: list[RoundStats]
     prefill_time: float
+    """Time outside the rounds: prompt prefill of both models and per-call setup."""
     total_time: float
     stop_reason: str
     """"eos" or "length"."""
@@ -231,38 +232,11 @@ class SpeculativeDecoder:
         """One draft-and-verify cycle; extends ``tokens`` in place with the emitted tokens."""
         clock = self.clock
         context_length = len(tokens)
-        max_depth = min(self.max_depth, output.remaining - 1)
-        forward_time = policy_time = 0.0
-        steps: list[DraftStep] = []
-        q_rows: list[torch.Tensor] = []
-        step_logits: list[torch.Tensor] = []
-        per_step = getattr(self.policy, "reads_step_features", True)
-
         draft_start = clock()
-        while len(steps) < max_depth:
-            feed = tokens[self.draft.length :] if not steps else [steps[-1].token]
-            t0 = clock()
-            logits = self.draft.forward(feed)[-1]
-            forward_time += clock() - t0
-            sampled = None
-            if not self.sampling.is_greedy:
-                q_rows.append(sampling_distribution(logits, self.sampling))
-                sampled = sample(q_rows[-1], self.generator)
-            if per_step:
-                steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))
-            else:  # features are computed for the whole round at once, after drafting
-                step_logits.append(logits)
-                steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES))
-            state = DraftState(context_length, tuple(steps), max_depth, recent)
-            t0 = clock()
-            go_on = len(steps) < max_depth and self.policy.should_continue(state)
-            policy_time += clock() - t0
-            if not go_on:
-                break
-        if step_logits:
-            steps = _draft_steps(torch.stack(step_logits), torch.tensor([s.token for s in steps], device=logits.device), [])
+        drafted_round = self._draft(tokens, min(self.max_depth, output.remaining - 1), recent)
+        steps, forward_time, policy_time = drafted_round.steps, drafted_round.forward_time, drafted_round.policy_time
         t0 = clock()
-        state = DraftState(context_length, tuple(steps), max_depth, recent)
+        state = DraftState(context_length, tuple(steps), drafted_round.max_depth, recent)
         verified = self.policy.verify_size(state) if steps else 0
         policy_time += clock() - t0
         if not 0 <= verified <= len(steps) or (steps and verified < 1):
@@ -280,7 +254,7 @@ class SpeculativeDecoder:
             verdict = verify_block_greedy(target_logits, drafted_ids)
         else:
             p = sampling_distribution(target_logits, self.sampling)
-            q = torch.stack(q_rows[:verified]) if verified else p[:0]
+            q = torch.stack(drafted_round.q_rows[:verified]) if verified else p[:0]
             verdict = verify_block(p, q, drafted_ids, self.generator, self.correction)
         emitted = output.emit(drafted[: verdict.accepted] + [verdict.next_token])
         self.target.rollback(context_length + verdict.accepted)
@@ -305,6 +279,48 @@ class SpeculativeDecoder:
         self.policy.observe(stats)
         stats.policy_time += clock() - t0
         return stats
+
+    def _draft(self, tokens: list[int], max_depth: int, recent: tuple[int, ...]) -> _DraftedRound:
+        """Draft up to ``max_depth`` tokens on the draft's cache, asking the policy after every step."""
+        clock = self.clock
+        drafted = _DraftedRound(max_depth)
+        steps, step_logits = drafted.steps, []
+        per_step = getattr(self.policy, "reads_step_features", True)
+        while len(steps) < max_depth:
+            feed = tokens[self.draft.length :] if not steps else [steps[-1].token]
+            t0 = clock()
+            logits = self.draft.forward(feed)[-1]
+            drafted.forward_time += clock() - t0
+            sampled = None
+            if not self.sampling.is_greedy:
+                drafted.q_rows.append(sampling_distribution(logits, self.sampling))
+                sampled = sample(drafted.q_rows[-1], self.generator)
+            if per_step:
+                steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))
+            else:  # features are computed for the whole round at once, after drafting
+                step_logits.append(logits)
+                steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES))
+            state = DraftState(len(tokens), tuple(steps), max_depth, recent)
+            t0 = clock()
+            go_on = len(steps) < max_depth and self.policy.should_continue(state)
+            drafted.policy_time += clock() - t0
+            if not go_on:
+                break
+        if step_logits:
+            drafted.steps = _draft_steps(torch.stack(step_logits), torch.tensor([s.token for s in steps], device=logits.device), [])
+        return drafted
+
+
+@dataclass
+class _DraftedRound:
+    """What drafting produced: steps (with features), the sampled-from q rows, and its timings."""
+
+    max_depth: int
+    steps: list[DraftStep] = field(default_factory=list)
+    q_rows: list[torch.Tensor] = field(default_factory=list)
+    """Draft distributions the tokens were drawn from (empty when greedy)."""
+    forward_time: float = 0.0
+    policy_time: float = 0.0
 
 
 _NO_FEATURES = (math.nan, math.nan, math.nan, math.nan)

@@ -40,22 +40,24 @@ def main() -> None:
         rows.append({
             "id": prompt["id"], "lang": prompt["lang"], "identical": result.token_ids == plain.token_ids,
             "accepted": sum(r.accepted for r in result.rounds), "verified": sum(r.verified for r in result.rounds),
+            "rejections": sum(1 for r in result.rounds if r.accepted < r.verified),
             "tokens": len(result.token_ids), "rounds": len(result.rounds),
             "plain_seconds": plain.total_time, "speculative_seconds": result.total_time,
         })
     totals: dict[str, dict] = defaultdict(lambda: defaultdict(float))
     for row in rows:
         for key in (row["lang"], "all"):
-            for field in ("identical", "accepted", "verified", "tokens", "rounds", "plain_seconds", "speculative_seconds"):
+            for field in ("identical", "accepted", "verified", "rejections", "tokens", "rounds", "plain_seconds", "speculative_seconds"):
                 totals[key][field] += row[field]
             totals[key]["prompts"] += 1
     table = [
-        [lang, int(t["prompts"]), f"{int(t['identical'])}/{int(t['prompts'])}", f"{t['accepted'] / t['verified']:.3f}",
+        [lang, int(t["prompts"]), f"{int(t['identical'])}/{int(t['prompts'])}", f"{t['accepted'] / (t['accepted'] + t['rejections']):.3f}",
          f"{t['tokens'] / t['rounds']:.2f}", f"{t['plain_seconds'] / t['speculative_seconds']:.2f}x"]
         for lang, t in ((lang, totals[lang]) for lang in (*LANGUAGES, "all"))
     ]
     print(f"pair {args.pair}, {args.split} split, greedy, {args.new_tokens} new tokens, policy {args.policy}")
-    print(format_table(["lang", "prompts", "identical to plain", "acceptance rate", "tokens/round", "speedup"], table))
+    print("alpha = accepted / (accepted + rejections): the per-token acceptance estimate under a geometric model")
+    print(format_table(["lang", "prompts", "identical to plain", "alpha", "tokens/round", "speedup"], table))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 
