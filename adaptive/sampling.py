@@ -110,9 +110,9 @@ def sampling_distribution(
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask all but the smallest prefix of sorted tokens whose probability mass reaches ``top_p``."""
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-    cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    sorted_probs = torch.softmax(sorted_scores, dim=-1)
     # A token is dropped when the mass of the tokens strictly before it already reaches top_p.
-    drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= top_p
+    drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return scores.masked_fill(drop, float("-inf"))
 
