@@ -224,7 +224,10 @@ def build_corpus(by_lang, prompts: list[dict]) -> list[dict]:
             if kind == "code" and lang != "en":
                 continue  # one copy of the code examples
             for source, text in items:
-                if split_of(text) == "train" and not any(text in prompt for prompt in held_out if len(text) > 40 and kind != "heading"):
+                if split_of(text) != "train":
+                    continue
+                quoted_in_held_out = len(text) > 40 and kind != "heading" and any(text in prompt for prompt in held_out)
+                if not quoted_in_held_out:
                     rows.append({"lang": lang, "kind": kind, "source": source, "text": text})
     return rows
 
