@@ -154,7 +154,16 @@ def cmd_distill(args: argparse.Namespace) -> int:
     corpus = args.corpus or cache_root() / "corpus.jsonl"
     if not Path(corpus).is_file():
         raise ValueError(f"corpus {corpus} is missing; build it with `python scripts/build_workload.py`")
-    config = DistillConfig(num_layers=args.layers, vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+    config = DistillConfig(
+        num_layers=args.layers,
+        vocab_size=args.vocab,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        response_fraction=args.response_fraction,
+        seed=args.seed,
+        init=args.init,
+    )
     summary = distill(target, tokenizer, Path(corpus), Path(args.out), config, cache_root() / "distill")
     print(json.dumps(summary, indent=1))
     return 0
@@ -286,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--vocab", type=int, default=8192, help="size of the draft's output token subset")
     dist.add_argument("--steps", type=int, default=900)
     dist.add_argument("--batch-size", type=int, default=8)
+    dist.add_argument("--learning-rate", type=float, default=5e-4, help="peak AdamW learning rate")
+    dist.add_argument("--response-fraction", type=float, default=0.5, help="share of each batch from target responses")
+    dist.add_argument("--init", help="continue from this saved draft folder (keeps its layers and token subset)")
     dist.add_argument("--seed", type=int, default=0)
     dist.set_defaults(func=cmd_distill)
     return parser

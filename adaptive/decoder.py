@@ -212,103 +212,150 @@ class SpeculativeDecoder:
         yield from self._rounds(_prompt_ids(prompt, self.tokenizer), _Output(max_new_tokens, self.eos), seed)
 
     def _rounds(self, prompt_ids: list[int], output: _Output, seed: int | None) -> Iterator[RoundStats]:
-        """Prefill both models, then run rounds until ``output`` says stop."""
-        if seed is not None:
-            self.generator.manual_seed(seed)
-        self.policy.reset()
-        self.target.reset()
-        self.draft.reset()
-        tokens = list(prompt_ids)
-        if len(tokens) > 1:  # every model caches all confirmed tokens but the last
-            self.target.forward(tokens[:-1])
-            self.draft.forward(tokens[:-1])
-        recent: list[int] = []
-        while not output.stop_reason:
-            stats = self._round(tokens, output, tuple(recent[-RECENT_ROUNDS:]))
-            recent.append(stats.accepted)
+        """Run rounds, asking the policy, until ``output`` says stop."""
+        clock, policy = self.clock, self.policy
+        policy.reset()
+        generation = Generation(self, prompt_ids, output, seed)
+        per_step = getattr(policy, "reads_step_features", True)
+        while not generation.done:
+            policy_time = 0.0
+            while generation.depth < generation.max_depth:
+                generation.draft_step(features=per_step)
+                state = generation.state()
+                t0 = clock()
+                go_on = state.depth < state.max_depth and policy.should_continue(state)
+                policy_time += clock() - t0
+                if not go_on:
+                    break
+            state = generation.end_drafting()
+            t0 = clock()
+            verified = policy.verify_size(state) if state.depth else 0
+            policy_time += clock() - t0
+            try:
+                stats = generation.verify(verified, policy_time)
+            except ValueError as error:
+                raise ValueError(f"policy {policy.name!r} asked to verify {verified} of {state.depth} drafted tokens") from error
+            t0 = clock()
+            policy.observe(stats)
+            stats.policy_time += clock() - t0
             yield stats
 
-    def _round(self, tokens: list[int], output: _Output, recent: tuple[int, ...]) -> RoundStats:
-        """One draft-and-verify cycle; extends ``tokens`` in place with the emitted tokens."""
-        clock = self.clock
-        context_length = len(tokens)
-        draft_start = clock()
-        drafted_round = self._draft(tokens, min(self.max_depth, output.remaining - 1), recent)
-        steps, forward_time, policy_time = drafted_round.steps, drafted_round.forward_time, drafted_round.policy_time
-        t0 = clock()
-        state = DraftState(context_length, tuple(steps), drafted_round.max_depth, recent)
-        verified = self.policy.verify_size(state) if steps else 0
-        policy_time += clock() - t0
-        if not 0 <= verified <= len(steps) or (steps and verified < 1):
-            raise ValueError(f"policy {self.policy.name!r} asked to verify {verified} of {len(steps)} drafted tokens")
-        draft_time = clock() - draft_start - policy_time
 
-        verify_start = clock()
-        drafted = [step.token for step in steps[:verified]]
+class Generation:
+    """One generation in progress, advanced one draft step or one verification at a time.
+
+    :class:`SpeculativeDecoder` drives it with a policy; the live environment drives it with actions.
+    Creating it prefills both models with the prompt.
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], output: _Output, seed: int | None) -> None:
+        self.decoder = decoder
+        self.output = output
+        self.tokens = list(prompt_ids)
+        self.recent: list[int] = []
+        if seed is not None:
+            decoder.generator.manual_seed(seed)
+        decoder.target.reset()
+        decoder.draft.reset()
+        if len(self.tokens) > 1:  # every model caches all confirmed tokens but the last
+            decoder.target.forward(self.tokens[:-1])
+            decoder.draft.forward(self.tokens[:-1])
+        self._begin_round()
+
+    def _begin_round(self) -> None:
+        self.max_depth = min(self.decoder.max_depth, self.output.remaining - 1)
+        self._drafted = _DraftedRound(self.max_depth)
+        self._deferred_logits: list[torch.Tensor] = []
+
+    @property
+    def done(self) -> bool:
+        """True once EOS or the token budget ended the generation."""
+        return bool(self.output.stop_reason)
+
+    @property
+    def depth(self) -> int:
+        """Tokens drafted so far in this round."""
+        return len(self._drafted.steps)
+
+    def state(self) -> DraftState:
+        """What a policy knows now."""
+        return DraftState(len(self.tokens), tuple(self._drafted.steps), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]))
+
+    def draft_step(self, features: bool = True) -> DraftStep:
+        """Draft one more token. With ``features=False`` the step's features are NaN until
+        :meth:`end_drafting` computes them for the whole round in one pass."""
+        if self.depth >= self.max_depth:
+            raise ValueError(f"this round is already {self.depth} tokens deep, its cap (max_depth or token budget)")
+        clock, drafted, draft = self.decoder.clock, self._drafted, self.decoder.draft
         t0 = clock()
-        target_logits = self.target.forward(tokens[self.target.length :] + drafted)[-(verified + 1) :]
-        forward_time += clock() - t0
-        drafted_ids = torch.tensor(drafted, dtype=torch.long, device=target_logits.device)
-        if self.sampling.is_greedy:
+        steps = drafted.steps
+        logits = draft.forward(self.tokens[draft.length :] if not steps else [steps[-1].token])[-1]
+        drafted.forward_time += clock() - t0
+        sampled = None
+        if not self.decoder.sampling.is_greedy:
+            drafted.q_rows.append(sampling_distribution(logits, self.decoder.sampling))
+            sampled = sample(drafted.q_rows[-1], self.decoder.generator)
+        if features:
+            steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))
+        else:
+            self._deferred_logits.append(logits)
+            steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES))
+        drafted.draft_time += clock() - t0
+        return steps[-1]
+
+    def end_drafting(self) -> DraftState:
+        """Finish drafting (computing any deferred features) and return the state for the size decision."""
+        if self._deferred_logits:
+            t0 = self.decoder.clock()
+            logits = torch.stack(self._deferred_logits)
+            tokens = torch.tensor([s.token for s in self._drafted.steps], device=logits.device)
+            self._drafted.steps = _draft_steps(logits, tokens, [])
+            self._deferred_logits = []
+            self._drafted.draft_time += self.decoder.clock() - t0
+        return self.state()
+
+    def verify(self, size: int, policy_time: float = 0.0) -> RoundStats:
+        """Verify the first ``size`` drafted tokens with one target forward, emit, roll both caches back to
+        the accepted prefix, and start the next round."""
+        self.end_drafting()
+        decoder, drafted, tokens = self.decoder, self._drafted, self.tokens
+        steps = drafted.steps
+        if not 0 <= size <= len(steps) or (steps and size < 1):
+            raise ValueError(f"cannot verify {size} of {len(steps)} drafted tokens (allowed: 1..{len(steps)})")
+        clock = decoder.clock
+        verify_start = clock()
+        context_length = len(tokens)
+        draft_ids = [step.token for step in steps[:size]]
+        target_logits = decoder.target.forward(tokens[decoder.target.length :] + draft_ids)[-(size + 1) :]
+        target_forward = clock() - verify_start
+        drafted_ids = torch.tensor(draft_ids, dtype=torch.long, device=target_logits.device)
+        if decoder.sampling.is_greedy:
             check_logits(target_logits)
             verdict = verify_block_greedy(target_logits, drafted_ids)
         else:
-            p = sampling_distribution(target_logits, self.sampling)
-            q = torch.stack(drafted_round.q_rows[:verified]) if verified else p[:0]
-            verdict = verify_block(p, q, drafted_ids, self.generator, self.correction)
-        emitted = output.emit(drafted[: verdict.accepted] + [verdict.next_token])
-        self.target.rollback(context_length + verdict.accepted)
-        self.draft.rollback(min(self.draft.length, context_length + verdict.accepted))
+            p = sampling_distribution(target_logits, decoder.sampling)
+            q = torch.stack(drafted.q_rows[:size]) if size else p[:0]
+            verdict = verify_block(p, q, drafted_ids, decoder.generator, decoder.correction)
+        emitted = self.output.emit(draft_ids[: verdict.accepted] + [verdict.next_token])
+        decoder.target.rollback(context_length + verdict.accepted)
+        decoder.draft.rollback(min(decoder.draft.length, context_length + verdict.accepted))
         tokens.extend(emitted)
-        verify_time = clock() - verify_start
-
+        self.recent.append(verdict.accepted)
         stats = RoundStats(
             context_length=context_length,
             drafted=len(steps),
-            verified=verified,
+            verified=size,
             accepted=verdict.accepted,
             emitted=len(emitted),
             tokens=tuple(emitted),
-            draft_time=draft_time,
-            verify_time=verify_time,
+            draft_time=drafted.draft_time,
+            verify_time=clock() - verify_start,
             policy_time=policy_time,
-            forward_time=forward_time,
+            forward_time=drafted.forward_time + target_forward,
             steps=tuple(steps),
         )
-        t0 = clock()
-        self.policy.observe(stats)
-        stats.policy_time += clock() - t0
+        self._begin_round()
         return stats
-
-    def _draft(self, tokens: list[int], max_depth: int, recent: tuple[int, ...]) -> _DraftedRound:
-        """Draft up to ``max_depth`` tokens on the draft's cache, asking the policy after every step."""
-        clock = self.clock
-        drafted = _DraftedRound(max_depth)
-        steps, step_logits = drafted.steps, []
-        per_step = getattr(self.policy, "reads_step_features", True)
-        while len(steps) < max_depth:
-            feed = tokens[self.draft.length :] if not steps else [steps[-1].token]
-            t0 = clock()
-            logits = self.draft.forward(feed)[-1]
-            drafted.forward_time += clock() - t0
-            sampled = None
-            if not self.sampling.is_greedy:
-                drafted.q_rows.append(sampling_distribution(logits, self.sampling))
-                sampled = sample(drafted.q_rows[-1], self.generator)
-            if per_step:
-                steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))
-            else:  # features are computed for the whole round at once, after drafting
-                step_logits.append(logits)
-                steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES))
-            state = DraftState(len(tokens), tuple(steps), max_depth, recent)
-            t0 = clock()
-            go_on = len(steps) < max_depth and self.policy.should_continue(state)
-            drafted.policy_time += clock() - t0
-            if not go_on:
-                break
-        if step_logits:
-            drafted.steps = _draft_steps(torch.stack(step_logits), torch.tensor([s.token for s in steps], device=logits.device), [])
-        return drafted
 
 
 @dataclass
@@ -319,8 +366,8 @@ class _DraftedRound:
     steps: list[DraftStep] = field(default_factory=list)
     q_rows: list[torch.Tensor] = field(default_factory=list)
     """Draft distributions the tokens were drawn from (empty when greedy)."""
+    draft_time: float = 0.0
     forward_time: float = 0.0
-    policy_time: float = 0.0
 
 
 _NO_FEATURES = (math.nan, math.nan, math.nan, math.nan)

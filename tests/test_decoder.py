@@ -45,7 +45,7 @@ def test_rounds_emit_between_one_and_gamma_plus_one_tokens(target, near_draft):
             assert 1 <= r.emitted <= r.verified + 1
             assert r.accepted <= r.verified <= r.drafted <= 5
             assert r.emitted == min(r.accepted + 1, 50 - sum(x.emitted for x in result.rounds[: result.rounds.index(r)]))
-            assert r.draft_time > 0 and r.verify_time > 0 and r.forward_time > 0
+            assert (r.draft_time > 0 or r.drafted == 0) and r.verify_time > 0 and r.forward_time > 0
             assert len(r.steps) == r.drafted
 
 
