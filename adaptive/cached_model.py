@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 
-def _cache_keyword(model: PreTrainedModel) -> str:
+def cache_keyword(model: PreTrainedModel) -> str:
     """``cache`` in recent transformers releases, ``past_key_values`` before."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -33,7 +33,7 @@ class CachedModel:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = model.device
-        self._cache_keyword = _cache_keyword(model)
+        self.cache_keyword = cache_keyword(model)
         self.cache = DynamicCache(config=model.config)
         self.length = 0
 
@@ -46,7 +46,7 @@ class CachedModel:
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Append ``token_ids`` after the cached prefix; return their logits ``[len(token_ids), V]``."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        output = self.model(input_ids=ids, use_cache=True, **{self._cache_keyword: self.cache})
+        output = self.model(input_ids=ids, use_cache=True, **{self.cache_keyword: self.cache})
         self.length += len(token_ids)
         return output.logits[0]
 

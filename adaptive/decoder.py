@@ -211,6 +211,10 @@ class SpeculativeDecoder:
         """Yield each round's statistics (``.tokens`` holds the emitted ids) as soon as it completes."""
         yield from self._rounds(_prompt_ids(prompt, self.tokenizer), _Output(max_new_tokens, self.eos), seed)
 
+    def start(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, seed: int | None = None) -> Generation:
+        """Prefill and return a :class:`Generation` to advance step by step (no policy involved)."""
+        return Generation(self, _prompt_ids(prompt, self.tokenizer), _Output(max_new_tokens, self.eos), seed)
+
     def _rounds(self, prompt_ids: list[int], output: _Output, seed: int | None) -> Iterator[RoundStats]:
         """Run rounds, asking the policy, until ``output`` says stop."""
         clock, policy = self.clock, self.policy

@@ -1,0 +1,110 @@
+"""Greedy decoding traces: everything needed to replay speculative decoding exactly, without models.
+
+Under greedy decoding the speculative output equals the target's greedy output y for every policy. So a
+trace stores, per prompt, y and, for every position t (context = prompt + y[:t]), the draft's greedy
+continuation's per-step features (top-1 probability, entropy, log-probability) for K steps and the match
+length m(t): how many of those K tokens equal y[t:]. A round at t that verifies γ drafted tokens then
+accepts min(γ, m(t)) and emits that + 1 (fewer at the end of y). Only time has to come from elsewhere:
+a cost profile.
+
+m(t) counts matches only up to the end of y: past an EOS the live decoder may still "accept" drafted
+tokens it never emits; the replay does not count those (emitted tokens are identical either way).
+
+Storage: one compressed ``.npz`` (no pickles) holding the arrays of all prompts back to back, with
+``offsets`` marking where each prompt's positions start, and a JSON ``metadata`` string.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+TRACE_FORMAT = "adaptive-draft/trace/1"
+
+
+@dataclass
+class TraceSet:
+    """Traces of many prompts for one pair, sampling setting and K."""
+
+    prompt_ids: list[str]
+    langs: list[str]
+    prompt_lengths: np.ndarray
+    """[P] tokens in each prompt (the context length at t = 0)."""
+    offsets: np.ndarray
+    """[P + 1] start of each prompt's positions in the flat arrays; prompt i has offsets[i+1]-offsets[i] positions."""
+    outputs: np.ndarray
+    """[N] int32: y of every prompt, back to back."""
+    match: np.ndarray
+    """[N] int16: m(t) at every position, at most K."""
+    features: np.ndarray
+    """[N, K, 3] float16: (top-1 probability, entropy in nats, log-probability) of each draft step."""
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        """K: how many draft steps were recorded per position."""
+        return int(self.features.shape[1])
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The token budget each generation had when recorded."""
+        return int(self.metadata["max_new_tokens"])
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def output(self, i: int) -> np.ndarray:
+        """y of prompt ``i``."""
+        return self.outputs[self.offsets[i] : self.offsets[i + 1]]
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(
+            path,
+            prompt_ids=np.array(self.prompt_ids, dtype=str),
+            langs=np.array(self.langs, dtype=str),
+            prompt_lengths=self.prompt_lengths.astype(np.int32),
+            offsets=self.offsets.astype(np.int64),
+            outputs=self.outputs.astype(np.int32),
+            match=self.match.astype(np.int16),
+            features=self.features.astype(np.float16),
+            metadata=np.array(json.dumps({"format": TRACE_FORMAT, **self.metadata})),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> TraceSet:
+        """Read a trace file (never unpickles)."""
+        with np.load(path, allow_pickle=False) as data:
+            metadata = json.loads(str(data["metadata"]))
+            if metadata.get("format") != TRACE_FORMAT:
+                raise ValueError(f"{path} is not a trace file of format {TRACE_FORMAT} (found {metadata.get('format')!r})")
+            return cls(
+                prompt_ids=data["prompt_ids"].tolist(),
+                langs=data["langs"].tolist(),
+                prompt_lengths=data["prompt_lengths"],
+                offsets=data["offsets"],
+                outputs=data["outputs"],
+                match=data["match"].astype(np.int64),
+                features=data["features"].astype(np.float32),
+                metadata=metadata,
+            )
+
+    @classmethod
+    def concatenate(cls, parts: list[TraceSet], metadata: dict) -> TraceSet:
+        """Join trace sets recorded with the same settings."""
+        sizes = [int(p.offsets[-1]) for p in parts]
+        starts = np.cumsum([0, *sizes])
+        return cls(
+            prompt_ids=[i for p in parts for i in p.prompt_ids],
+            langs=[lang for p in parts for lang in p.langs],
+            prompt_lengths=np.concatenate([p.prompt_lengths for p in parts]),
+            offsets=np.concatenate([[0]] + [p.offsets[1:] + start for p, start in zip(parts, starts)]),
+            outputs=np.concatenate([p.outputs for p in parts]),
+            match=np.concatenate([p.match for p in parts]),
+            features=np.concatenate([p.features for p in parts]),
+            metadata=metadata,
+        )

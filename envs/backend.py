@@ -1,0 +1,76 @@
+"""What an environment needs from a backend: draft one step, verify, and say what it cost."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """Outcome and cost of one draft-and-verify cycle."""
+
+    drafted: int
+    verified: int
+    accepted: int
+    emitted: int
+    draft_seconds: float
+    verify_seconds: float
+
+
+class Backend(ABC):
+    """A source of draft steps and verifications for one generation at a time."""
+
+    max_depth: int
+    """Deepest round the backend supports (the observation schema is sized by it)."""
+    c: float
+    """Draft step cost relative to a target step (observation constant)."""
+    g: Sequence[float]
+    """g[γ]: verification cost of γ drafted tokens relative to a target step (observation constant)."""
+    target_step_seconds: float
+    """One plain target decoding step: the unit of the reward (reward = cycle speedup over plain decoding)."""
+
+    num_prompts: int
+    """How many distinct generations :meth:`start_prompt` can begin."""
+
+    def start(self, rng: np.random.Generator) -> None:
+        """Begin a new generation, its prompt chosen with ``rng``."""
+        self.start_prompt(int(rng.integers(self.num_prompts)), rng)
+
+    @abstractmethod
+    def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
+        """Begin generating for prompt ``index``; ``rng`` drives any randomness (default: seeded by ``index``)."""
+
+    @property
+    @abstractmethod
+    def done(self) -> bool:
+        """True once the generation ended (EOS or token budget)."""
+
+    @property
+    @abstractmethod
+    def context_length(self) -> int:
+        """Confirmed tokens (prompt + generated) before the current round."""
+
+    @property
+    @abstractmethod
+    def cap(self) -> int:
+        """Deepest this round may go (max_depth, or less near the token budget)."""
+
+    @property
+    @abstractmethod
+    def recent(self) -> Sequence[int]:
+        """Accepted lengths of this generation's rounds so far, oldest first."""
+
+    @abstractmethod
+    def draft(self) -> tuple[float, float, float]:
+        """Draft one token; return its step's (top-1 probability, entropy in nats, log-probability)."""
+
+    @abstractmethod
+    def verify(self, size: int) -> Cycle:
+        """Verify the first ``size`` drafted tokens, emit, and start the next round."""
+
+    def close(self) -> None:
+        """Release resources (nothing by default)."""

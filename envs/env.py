@@ -1,0 +1,222 @@
+"""One Gymnasium environment for both decisions of speculative decoding, over any backend.
+
+**Episode**: one generation (one prompt, up to its token budget or EOS).
+
+**Decisions** (``decision=``):
+
+* ``"depth"``: an action after every draft step, ``Discrete(2)``: 0 = stop and verify, 1 = draft another
+  token. The first token of a round is always drafted (the decoder's contract), and a round that reaches
+  its depth cap is verified without asking. The verification size comes from the frozen ``partner``
+  policy (default: verify everything drafted).
+* ``"size"``: one action per round, after drafting, ``Discrete(max_depth)``: action a verifies a + 1 drafted
+  tokens (clipped to the depth drafted; ``info["clipped"]`` says when). The depth comes from the frozen
+  ``partner`` (default: draft to the cap). A round of depth 1 is verified without asking.
+
+**Reward**: the throughput of each draft-and-verify cycle, emitted tokens / (draft + verify + policy
+seconds), expressed in units of plain decoding — multiplied by the profiled seconds of one plain target
+step, so 1.0 means "as fast as the target alone" and 2.0 twice as fast. Depth decisions are credited as in
+Learning to Draft: 0 for every "continue", the cycle's throughput at the step that ends the cycle. Each
+cycle is a complete measurement of one choice (how deep to go), so crediting it at the stop keeps the
+reward exactly the quantity we want and leaves credit assignment inside the round to the discount
+(PPO with γ close to 1). Policy seconds are ``decision_seconds`` per decision taken (a learned MLP's
+cost), not the agent's own Python time.
+
+**Observation**: :mod:`envs.schema` (versioned, fixed size for a given ``max_depth``).
+
+``info`` after a cycle holds the last cycle's ``drafted``, ``verified``, ``accepted``, ``emitted``,
+``draft_seconds``, ``verify_seconds``, ``policy_seconds`` and ``throughput`` (tokens/s), ``cycles`` (cycles
+completed in the step: more than one when rounds were decided automatically, e.g. at a depth cap of 1) and
+the episode's running ``episode_tokens`` and ``episode_seconds``; between cycles it is ``{"cycles": 0}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
+from envs.backend import Backend, Cycle
+from envs.schema import ObservationBuilder, ObservationSchema
+
+DECISIONS = ("depth", "size")
+DEFAULT_DECISION_SECONDS = 5e-5
+"""Cost charged per policy decision: about one small MLP forward on a CPU core."""
+OBSERVATION_BOUND = 10.0
+
+
+class SpecDecodeEnv(gym.Env):
+    """Speculative decoding as a Gymnasium environment; see the module docstring."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        backend: Backend,
+        decision: str = "depth",
+        partner: DraftPolicy | None = None,
+        decision_seconds: float = DEFAULT_DECISION_SECONDS,
+    ) -> None:
+        if decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
+        if decision_seconds < 0:
+            raise ValueError(f"decision_seconds must be >= 0, got {decision_seconds}")
+        self.backend = backend
+        self.decision = decision
+        self.partner = partner
+        self.decision_seconds = decision_seconds
+        self.schema = ObservationSchema(backend.max_depth)
+        self._builder = ObservationBuilder(self.schema, backend.c, backend.g)
+        self.observation_space = gym.spaces.Box(-OBSERVATION_BOUND, OBSERVATION_BOUND, (self.schema.size,), np.float32)
+        self.action_space = gym.spaces.Discrete(2 if decision == "depth" else backend.max_depth)
+        self._steps: list[DraftStep] = []
+        self._decisions = 0
+        self._reward = 0.0
+        self._info: dict[str, Any] = {"cycles": 0}
+        self.episode_tokens = 0
+        self.episode_seconds = 0.0
+        self.episode_cycles: list[Cycle] = []
+        """Every cycle of the current episode, including those decided automatically."""
+
+    # --- Gymnasium API -------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if self.partner is not None:
+            self.partner.reset()
+        for _ in range(100):  # a generation that ends without any decision is skipped (unless one was asked for)
+            if options and "prompt" in options:
+                self.backend.start_prompt(int(options["prompt"]))
+            else:
+                self.backend.start(self.np_random)
+            self._reward, self._info = 0.0, {"cycles": 0}
+            self.episode_tokens, self.episode_seconds = 0, 0.0
+            self.episode_cycles = []
+            self._begin_round()
+            if not self.backend.done or (options and "prompt" in options):
+                return self._observation(), {}
+        raise RuntimeError("100 generations in a row ended without a decision to make; are the prompts' budgets >= 2?")
+
+    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.backend.done:
+            raise RuntimeError("the episode is over: call reset()")
+        action = int(action)
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action} is outside {self.action_space}")
+        self._reward, self._info = 0.0, {"cycles": 0}
+        self._decisions += 1
+        if self.decision == "depth":
+            if action == 1:
+                self._draft()
+                if len(self._steps) < self.backend.cap:
+                    return self._observation(), 0.0, False, False, self._info
+            self._finish_round(self._partner_size())
+        else:
+            size = min(action + 1, len(self._steps))
+            self._finish_round(size)
+            self._info["clipped"] = action + 1 != size
+        if not self.backend.done:
+            self._begin_round()
+        return self._observation(), self._reward, self.backend.done, False, self._info
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # --- what policies need ----------------------------------------------------------------------------
+
+    def draft_state(self) -> DraftState:
+        """The decision-time state as the decoder would show it to a :class:`DraftPolicy`."""
+        backend = self.backend
+        return DraftState(backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-8:]))
+
+    # --- internals -------------------------------------------------------------------------------------
+
+    def _observation(self) -> np.ndarray:
+        vector = self._builder.build(len(self._steps), self.backend.cap, self.backend.context_length)
+        return np.clip(vector, -OBSERVATION_BOUND, OBSERVATION_BOUND, out=vector)
+
+    def _draft(self) -> None:
+        top1, entropy, log_prob = self.backend.draft()
+        cumulative = (self._steps[-1].cumulative_log_prob if self._steps else 0.0) + log_prob
+        self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative))
+        self._builder.add_step(len(self._steps), top1, entropy, cumulative)
+
+    def _begin_round(self) -> None:
+        """Start rounds until one needs a decision (or the generation ends)."""
+        backend = self.backend
+        while not backend.done:
+            self._steps = []
+            self._decisions = 0
+            self._builder.new_round(backend.recent)
+            if backend.cap == 0:  # one token left in the budget: a plain target step
+                self._finish_round(0)
+                continue
+            self._draft()
+            if self.decision == "depth":
+                if len(self._steps) < backend.cap:
+                    return
+                self._finish_round(self._partner_size())
+                continue
+            while len(self._steps) < backend.cap and self._partner_continues():
+                self._draft()
+            if len(self._steps) > 1:
+                return
+            self._finish_round(1)
+
+    def _partner_continues(self) -> bool:
+        if self.partner is None:
+            return True
+        self._decisions += 1
+        return bool(self.partner.should_continue(self.draft_state()))
+
+    def _partner_size(self) -> int:
+        if self.partner is None:
+            return len(self._steps)
+        self._decisions += 1
+        size = int(self.partner.verify_size(self.draft_state()))
+        if not 1 <= size <= len(self._steps):
+            raise ValueError(f"partner {self.partner.name!r} asked to verify {size} of {len(self._steps)} drafted tokens")
+        return size
+
+    def _finish_round(self, size: int) -> None:
+        context_length = self.backend.context_length
+        cycle = self.backend.verify(size)
+        policy_seconds = self._decisions * self.decision_seconds
+        seconds = cycle.draft_seconds + cycle.verify_seconds + policy_seconds
+        self._reward += cycle.emitted * self.backend.target_step_seconds / seconds
+        cycles = self._info["cycles"] + 1
+        self.episode_cycles.append(cycle)
+        self.episode_tokens += cycle.emitted
+        self.episode_seconds += seconds
+        self._info = {
+            "cycles": cycles,
+            "drafted": cycle.drafted,
+            "verified": cycle.verified,
+            "accepted": cycle.accepted,
+            "emitted": cycle.emitted,
+            "draft_seconds": cycle.draft_seconds,
+            "verify_seconds": cycle.verify_seconds,
+            "policy_seconds": policy_seconds,
+            "throughput": cycle.emitted / seconds,
+            "episode_tokens": self.episode_tokens,
+            "episode_seconds": self.episode_seconds,
+        }
+        if self.partner is not None:
+            self.partner.observe(_round_stats(cycle, policy_seconds, context_length))
+        self._decisions = 0
+
+
+def _round_stats(cycle: Cycle, policy_seconds: float, context_length: int) -> RoundStats:
+    return RoundStats(
+        context_length=context_length,
+        drafted=cycle.drafted,
+        verified=cycle.verified,
+        accepted=cycle.accepted,
+        emitted=cycle.emitted,
+        tokens=(),
+        draft_time=cycle.draft_seconds,
+        verify_time=cycle.verify_seconds,
+        policy_time=policy_seconds,
+        forward_time=cycle.draft_seconds + cycle.verify_seconds,
+    )

@@ -1,0 +1,92 @@
+"""Environment constructors by backend (the entry points ``gymnasium.make`` uses)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from adaptive.cost_profile import CostProfile
+from adaptive.costmodel import GCurve
+from adaptive.policy import DraftPolicy
+from adaptive.traces import TraceSet
+from envs.env import DEFAULT_DECISION_SECONDS, SpecDecodeEnv
+from envs.replay import ReplayBackend
+from envs.synthetic import SyntheticBackend
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PROFILE = ROOT / "profiles" / "smollm2-135m.json"
+TRACES = ROOT / "data" / "traces"
+
+
+def default_traces(split: str = "train", pair: str = "smollm2-135m") -> Path:
+    """Path of the shipped greedy traces of ``pair`` for ``split`` (``adaptive record`` makes more)."""
+    path = TRACES / f"{pair}-{split}.npz"
+    if not path.is_file():
+        shipped = sorted(p.name for p in TRACES.glob("*.npz")) if TRACES.is_dir() else []
+        raise FileNotFoundError(f"no shipped traces for pair {pair!r}, split {split!r} at {path}; shipped: {shipped or 'none'}")
+    return path
+
+
+def make_replay_env(
+    traces: str | Path | TraceSet = "train",
+    profile: str | Path | CostProfile = DEFAULT_PROFILE,
+    max_depth: int | None = None,
+    decision: str = "depth",
+    partner: DraftPolicy | None = None,
+    decision_seconds: float = DEFAULT_DECISION_SECONDS,
+) -> SpecDecodeEnv:
+    """Replay env. ``traces``: a split name of the shipped traces ("train", "val"), a trace file or a TraceSet."""
+    if not isinstance(traces, TraceSet):
+        path = Path(traces)
+        traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces)))
+    if not isinstance(profile, CostProfile):
+        profile = CostProfile.load(profile)
+    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth), decision, partner, decision_seconds)
+
+
+def make_synthetic_env(
+    alphas: float | Sequence[float] = 0.7,
+    c: float = 0.05,
+    g: GCurve = 1.0,
+    switch_prob: float = 0.0,
+    max_depth: int = 8,
+    max_new_tokens: int = 256,
+    feature_noise: float = 0.1,
+    decision: str = "depth",
+    partner: DraftPolicy | None = None,
+    decision_seconds: float = 0.0,
+) -> SpecDecodeEnv:
+    """Cost-model env: constant α, or Markov-modulated regimes ``alphas`` switching with ``switch_prob``."""
+    backend = SyntheticBackend(
+        alphas, c=c, g=g, switch_prob=switch_prob, max_depth=max_depth, max_new_tokens=max_new_tokens, feature_noise=feature_noise
+    )
+    return SpecDecodeEnv(backend, decision, partner, decision_seconds)
+
+
+def make_live_env(
+    pair: str = "smollm2-135m",
+    split: str = "val",
+    profile: str | Path | CostProfile = DEFAULT_PROFILE,
+    max_depth: int = 8,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    decision: str = "depth",
+    partner: DraftPolicy | None = None,
+    decision_seconds: float = DEFAULT_DECISION_SECONDS,
+) -> SpecDecodeEnv:
+    """Live env over a named pair and a workload split (chat-formatted prompts)."""
+    from adaptive.decoder import SpeculativeDecoder
+    from adaptive.pair import load_pair
+    from adaptive.policy import BasePolicy
+    from adaptive.sampling import SamplingConfig
+    from adaptive.workload import chat_ids, load_prompts
+    from envs.live import LiveBackend
+
+    loaded = load_pair(pair)
+    decoder = SpeculativeDecoder(
+        loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth
+    )
+    prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
+    if not isinstance(profile, CostProfile):
+        profile = CostProfile.load(profile)
+    return SpecDecodeEnv(LiveBackend(decoder, prompts, profile, max_new_tokens), decision, partner, decision_seconds)

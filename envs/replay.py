@@ -1,0 +1,104 @@
+"""Replay backend: exact greedy acceptances from recorded traces, time from a measured cost profile.
+
+A round at position t that drafts d tokens and verifies γ of them accepts min(γ, m(t)) and emits that + 1
+(fewer at the end of the output) — exactly what the live greedy decoder does with the same pair and
+prompt. Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
+context length. No model runs, so a step costs microseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from adaptive.cost_profile import CostProfile
+from adaptive.traces import TraceSet
+from envs.backend import Backend, Cycle
+
+
+class ReplayBackend(Backend):
+    """Replays :class:`TraceSet` generations; ``max_depth`` defaults to the traces' K."""
+
+    def __init__(self, traces: TraceSet, profile: CostProfile, max_depth: int | None = None) -> None:
+        if len(traces) == 0:
+            raise ValueError("the trace set is empty")
+        self.max_depth = traces.depth if max_depth is None else max_depth
+        if not 1 <= self.max_depth <= traces.depth:
+            raise ValueError(f"max_depth must lie in 1..{traces.depth} (the traces' K), got {max_depth}")
+        if self.max_depth > profile.max_verify:
+            raise ValueError(f"the profile times verifications of up to {profile.max_verify} tokens, max_depth is {self.max_depth}")
+        self.traces = traces
+        self.profile = profile
+        self.c = profile.c
+        self.g = profile.g
+        self.target_step_seconds = profile.target_step_ms / 1e3
+        self.num_prompts = len(traces)
+        self.prompt = 0
+        self._budget = traces.max_new_tokens
+        self._match = traces.match.tolist()  # Python ints: faster to index one at a time than numpy
+        self._features = traces.features.tolist()
+        self._start = 0
+        self._length = 0
+        self._t = 0
+        self._depth = 0
+        self._prompt_length = 0
+        self._recent: list[int] = []
+
+    def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
+        """Begin replaying prompt ``index`` of the trace set (greedy: nothing random)."""
+        self.prompt = index
+        self._start = int(self.traces.offsets[index])
+        self._length = int(self.traces.offsets[index + 1]) - self._start
+        self._prompt_length = int(self.traces.prompt_lengths[index])
+        self._t = 0
+        self._depth = 0
+        self._recent = []
+
+    @property
+    def done(self) -> bool:
+        return self._t >= self._length
+
+    @property
+    def context_length(self) -> int:
+        return self._prompt_length + self._t
+
+    @property
+    def cap(self) -> int:
+        return min(self.max_depth, self._budget - self._t - 1)
+
+    @property
+    def recent(self) -> Sequence[int]:
+        return self._recent
+
+    @property
+    def match_length(self) -> int:
+        """m(t) of the current position: what an oracle would know."""
+        return self._match[self._start + self._t]
+
+    def draft(self) -> tuple[float, float, float]:
+        if self._depth >= self.cap:
+            raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
+        top1, entropy, log_prob = self._features[self._start + self._t][self._depth]
+        self._depth += 1
+        return top1, entropy, log_prob
+
+    def verify(self, size: int) -> Cycle:
+        depth = self._depth
+        if not 0 <= size <= depth or (depth and size < 1):
+            raise ValueError(f"cannot verify {size} of {depth} drafted tokens")
+        accepted = min(size, self.match_length)
+        emitted = min(accepted + 1, self._length - self._t)
+        context = self._prompt_length + self._t
+        cycle = Cycle(
+            drafted=depth,
+            verified=size,
+            accepted=accepted,
+            emitted=emitted,
+            draft_seconds=depth * self.profile.draft_seconds(context),
+            verify_seconds=self.profile.verify_seconds(context, size),
+        )
+        self._t += emitted
+        self._depth = 0
+        self._recent.append(accepted)
+        return cycle

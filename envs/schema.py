@@ -1,0 +1,105 @@
+"""The observation a policy sees at each decision: a fixed-size float32 vector with a versioned schema.
+
+Fields (version 1), all known at decision time, scaled to roughly [-1, 1]:
+
+* ``depth``: tokens drafted so far this round / max_depth
+* ``cap``: this round's depth cap (max_depth, or fewer near the token budget) / max_depth
+* ``context``: context length / 4096
+* ``step_{i}_top1``, ``step_{i}_entropy``, ``step_{i}_cum_logprob`` for i = 1..max_depth: the draft's top-1
+  probability, entropy / 10 nats and cumulative log-probability / 10 (clipped at -1) after step i;
+  0 for steps not drafted yet
+* ``recent_{j}`` for j = 1..8: accepted length of the j-th most recent round / max_depth (0 if none)
+* ``c``: draft step cost relative to a target step; ``g_now`` and ``g_next``: verification cost of
+  the current depth and of one more token, relative to a target step (from the cost profile)
+
+A policy stores :meth:`ObservationSchema.describe` with its weights; :meth:`ObservationSchema.check`
+refuses a policy trained on another schema, naming the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEMA_NAME = "adaptive-draft/observation"
+SCHEMA_VERSION = 1
+RECENT = 8
+CONTEXT_SCALE = 4096.0
+NATS_SCALE = 10.0
+
+
+class SchemaMismatch(ValueError):
+    """A policy was trained on observations with another layout than this environment produces."""
+
+
+@dataclass(frozen=True)
+class ObservationSchema:
+    """Layout of the observation vector for a given maximum draft depth."""
+
+    max_depth: int
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+
+    @property
+    def names(self) -> list[str]:
+        steps = [f"step_{i}_{kind}" for i in range(1, self.max_depth + 1) for kind in ("top1", "entropy", "cum_logprob")]
+        return ["depth", "cap", "context", *steps, *[f"recent_{j}" for j in range(1, RECENT + 1)], "c", "g_now", "g_next"]
+
+    @property
+    def size(self) -> int:
+        return 3 + 3 * self.max_depth + RECENT + 3
+
+    def describe(self) -> dict:
+        """JSON-ready identity of this schema (stored with trained policies)."""
+        return {"name": SCHEMA_NAME, "version": SCHEMA_VERSION, "max_depth": self.max_depth, "size": self.size, "fields": self.names}
+
+    def check(self, described: dict) -> None:
+        """Raise :class:`SchemaMismatch` unless ``described`` (from a saved policy) is this schema."""
+        mine = self.describe()
+        for key in ("name", "version", "max_depth", "size", "fields"):
+            if described.get(key) != mine[key]:
+                theirs = described.get(key, "<missing>")
+                if key == "fields":
+                    theirs, mine_value = f"{len(theirs)} fields", f"{len(mine[key])} fields"
+                else:
+                    mine_value = mine[key]
+                raise SchemaMismatch(
+                    f"observation schema mismatch on {key!r}: the policy was trained with {theirs}, this environment "
+                    f"produces {mine_value}; retrain the policy or use an environment with the same schema"
+                )
+
+
+class ObservationBuilder:
+    """Fills one reusable observation vector as a round progresses (cheap enough for replay speed)."""
+
+    def __init__(self, schema: ObservationSchema, c: float, g: Sequence[float]) -> None:
+        self.schema = schema
+        self.c = c
+        self.g = list(g) + [g[-1]] * max(0, schema.max_depth + 2 - len(g))
+        self._steps = np.zeros(3 * schema.max_depth, dtype=np.float32)
+        self._recent = np.zeros(RECENT, dtype=np.float32)
+
+    def new_round(self, recent: Sequence[int]) -> None:
+        """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first."""
+        self._steps[:] = 0.0
+        self._recent[:] = 0.0
+        last = list(recent[-RECENT:])[::-1]
+        self._recent[: len(last)] = np.asarray(last, dtype=np.float32) / self.schema.max_depth
+
+    def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float) -> None:
+        """Record the features of draft step ``depth`` (1-based)."""
+        i = 3 * (depth - 1)
+        self._steps[i] = top1
+        self._steps[i + 1] = entropy / NATS_SCALE
+        self._steps[i + 2] = max(-1.0, cumulative_log_prob / NATS_SCALE)
+
+    def build(self, depth: int, cap: int, context_length: int) -> np.ndarray:
+        """The observation vector now."""
+        k = self.schema.max_depth
+        head = (depth / k, cap / k, context_length / CONTEXT_SCALE)
+        tail = (self.c, self.g[depth], self.g[depth + 1])
+        return np.concatenate((np.asarray(head, dtype=np.float32), self._steps, self._recent, np.asarray(tail, dtype=np.float32)))

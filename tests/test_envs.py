@@ -1,0 +1,162 @@
+"""Environments: replay equals live greedy decoding round for round, the synthetic env finds the cost
+model's optimum, API conformance (Gymnasium and SB3 checkers, vectorised envs, seeding)."""
+
+from __future__ import annotations
+
+import itertools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+import envs
+from adaptive.cost_profile import CostProfile
+from adaptive.costmodel import optimal_gamma
+from adaptive.decoder import SpeculativeDecoder
+from adaptive.recorder import record
+from envs.env import SpecDecodeEnv
+from envs.live import LiveBackend
+from envs.replay import ReplayBackend
+from envs.rollout import run_policy
+from envs.schema import ObservationSchema, SchemaMismatch
+from envs.synthetic import SyntheticBackend
+from policies import make_policy
+from policies.oracle import OraclePolicy
+
+PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3], [7, 7, 1, 0]]
+DEPTH = 6
+
+
+def flat_profile(c: float = 0.1) -> CostProfile:
+    """A profile for tiny models: target step 10 ms, verification +1 ms per extra token."""
+    verify = tuple(10.0 + n for n in range(33))
+    return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {})
+
+
+@pytest.fixture(scope="module")
+def traces(target, near_draft):
+    decoder = SpeculativeDecoder(target, near_draft, make_policy("static:1"))
+    rows = [{"id": str(i), "lang": "en"} for i in range(len(PROMPTS))]
+    return record(decoder, rows, PROMPTS, max_new_tokens=40, depth=DEPTH, metadata={"pair": "tiny"})
+
+
+@pytest.mark.parametrize("spec", ["static:1", "static:3", "static:6", "heuristic:2"])
+def test_replay_accepts_what_live_greedy_decoding_accepts_round_for_round(target, near_draft, traces, spec):
+    replayed = run_policy(ReplayBackend(traces, flat_profile()), make_policy(spec), range(len(PROMPTS)))
+    for prompt, episode in zip(PROMPTS, replayed):
+        live = SpeculativeDecoder(target, near_draft, make_policy(spec), max_depth=DEPTH).generate(prompt, 40)
+        assert [c.accepted for c in episode.cycles] == [r.accepted for r in live.rounds]
+        assert [c.emitted for c in episode.cycles] == [r.emitted for r in live.rounds]
+        assert [c.drafted for c in episode.cycles] == [r.drafted for r in live.rounds]
+    assert sum(c.accepted for e in replayed for c in e.cycles) > 10
+
+
+def test_live_backend_runs_the_real_decoder(target, near_draft):
+    decoder = SpeculativeDecoder(target, near_draft, make_policy("static:1"), max_depth=DEPTH)
+    episodes = run_policy(LiveBackend(decoder, PROMPTS, flat_profile(), max_new_tokens=40), make_policy("static:3"), [0, 1])
+    for prompt, episode in zip(PROMPTS, episodes):
+        live = SpeculativeDecoder(target, near_draft, make_policy("static:3"), max_depth=DEPTH).generate(prompt, 40)
+        assert [c.accepted for c in episode.cycles] == [r.accepted for r in live.rounds]
+        assert episode.seconds > 0 and all(c.draft_seconds > 0 for c in episode.cycles if c.drafted)
+
+
+def test_oracle_is_at_least_as_fast_as_every_static_depth(traces):
+    backend = ReplayBackend(traces, flat_profile())
+    oracle = run_policy(backend, OraclePolicy(backend), range(len(PROMPTS)))
+    oracle_speed = sum(e.tokens for e in oracle) / sum(e.seconds for e in oracle)
+    for gamma in range(1, DEPTH + 1):
+        static = run_policy(backend, make_policy(f"static:{gamma}"), range(len(PROMPTS)))
+        assert oracle_speed >= sum(e.tokens for e in static) / sum(e.seconds for e in static)
+    assert all(c.accepted == c.drafted or c.drafted == 1 for e in oracle for c in e.cycles if c.drafted < DEPTH)
+
+
+def test_synthetic_env_with_constant_alpha_finds_the_cost_model_optimum():
+    alpha, c = 0.8, 0.3  # S(2) = 1.525, S(3) = 1.554, S(4) = 1.527: the optimum leads by 1.8 %
+    speeds = {}
+    for gamma in range(1, 9):
+        backend = SyntheticBackend(alpha, c=c, max_depth=8, max_new_tokens=60_000)
+        (episode,) = run_policy(backend, make_policy(f"static:{gamma}"), [gamma], decision_seconds=0.0)
+        speeds[gamma] = episode.throughput * backend.target_step_seconds
+    # 60,000 tokens: relative standard error of a throughput ~0.3 %, well under the 1.8 % lead.
+    assert max(speeds, key=speeds.get) == optimal_gamma(alpha, c, 1.0, max_gamma=8).gamma == 3
+    assert speeds[3] == pytest.approx(optimal_gamma(alpha, c, 1.0, max_gamma=8).speedup, rel=0.01)
+
+
+def test_registered_envs_pass_gymnasium_and_sb3_checks(traces):
+    for decision in ("depth", "size"):
+        gym_check_env(gym.make(envs.ENV_IDS["synthetic"], decision=decision, alphas=(0.3, 0.9), switch_prob=0.1).unwrapped)
+        sb3_check_env(envs.make_synthetic_env(decision=decision))
+        replay = envs.make_replay_env(traces, flat_profile(), decision=decision)
+        gym_check_env(replay)
+        sb3_check_env(envs.make_replay_env(traces, flat_profile(), decision=decision))
+
+
+def test_live_env_passes_the_checkers(target, near_draft):
+    decoder = SpeculativeDecoder(target, near_draft, make_policy("static:1"), max_depth=4)
+    ticks = itertools.count()
+    decoder.clock = lambda: next(ticks) / 1024  # exact in binary; the checker demands equal rewards for equal seeds: tick, don't time
+    gym_check_env(SpecDecodeEnv(LiveBackend(decoder, PROMPTS, flat_profile(), max_new_tokens=12)))
+
+
+def _play(env, seed, steps=300):
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    trajectory = []
+    for _ in range(steps):
+        obs, reward, terminated, _, _ = env.step(env.action_space.sample())
+        trajectory.append((obs.tobytes(), reward))
+        if terminated:
+            env.reset()
+    return trajectory
+
+
+def test_seeding_is_deterministic(traces):
+    for make in (lambda: envs.make_synthetic_env(alphas=(0.2, 0.9), switch_prob=0.2), lambda: envs.make_replay_env(traces, flat_profile())):
+        assert _play(make(), 3) == _play(make(), 3)
+        assert _play(make(), 3) != _play(make(), 4)
+
+
+def test_depth_reward_is_zero_until_stop_and_cycle_speedup_at_stop():
+    env = envs.make_synthetic_env(alphas=0.7, c=0.1, max_depth=4)
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(1)
+    assert reward == 0.0 and info["cycles"] == 0
+    _, reward, _, _, info = env.step(0)
+    assert info["cycles"] == 1 and info["drafted"] == 2
+    seconds = info["draft_seconds"] + info["verify_seconds"] + info["policy_seconds"]
+    assert reward == pytest.approx(info["emitted"] / seconds * 0.05)
+
+
+def test_vectorised_envs(traces):
+    for vec in (DummyVecEnv, SubprocVecEnv):
+        venv = vec([lambda: envs.make_synthetic_env(alphas=(0.3, 0.8), switch_prob=0.1)] * 2)
+        venv.seed(0)
+        obs = venv.reset()
+        assert obs.shape == (2, ObservationSchema(8).size)
+        for _ in range(50):
+            obs, rewards, dones, infos = venv.step(np.array([1, 0]))
+        venv.close()
+
+
+def test_observation_schema_is_versioned_and_checked():
+    schema = ObservationSchema(8)
+    schema.check(schema.describe())
+    with pytest.raises(SchemaMismatch, match="max_depth"):
+        schema.check(ObservationSchema(6).describe())
+    with pytest.raises(SchemaMismatch, match="version"):
+        schema.check({**schema.describe(), "version": 0})
+    assert len(schema.names) == schema.size == envs.make_synthetic_env().observation_space.shape[0]
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="decision must be one of"):
+        envs.make_synthetic_env(decision="width")
+    with pytest.raises(ValueError, match="alpha"):
+        envs.make_synthetic_env(alphas=1.5)
+    env = envs.make_synthetic_env()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="outside"):
+        env.step(5)
