@@ -169,6 +169,53 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    """Record greedy replay traces of a pair on a workload split."""
+    import json
+    import time
+
+    from tqdm import tqdm
+
+    from adaptive.policy import BasePolicy
+    from adaptive.profiling import hardware_description, load_profile
+    from adaptive.recorder import record
+    from adaptive.workload import chat_ids, load_prompts
+
+    if args.depth < 1 or args.max_new_tokens < 2:
+        raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
+    pair = _load_pair(args)
+    name = args.pair or Path(args.draft).name
+    prompts = load_prompts(args.split, lang=args.lang)[: args.limit]
+    given = None
+    if args.outputs:
+        given = {row["id"]: row["response"] for row in map(json.loads, Path(args.outputs).read_text().splitlines())}
+    decoder = SpeculativeDecoder(pair.target, pair.draft, BasePolicy(), tokenizer=pair.tokenizer, max_depth=args.depth)
+    metadata = {
+        "pair": name,
+        "tokenizer": pair.tokenizer.name_or_path,
+        "split": args.split,
+        "recorded_on": hardware_description(pair.target.device),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "dtype": args.dtype,
+    }
+    profile_path = Path(args.profile) if args.profile else Path("profiles") / f"{name}.json"
+    if profile_path.is_file():
+        metadata["profile"] = {"path": str(profile_path), "hardware": load_profile(profile_path)["hardware"]}
+    ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
+    start = time.perf_counter()
+    with tqdm(total=len(prompts), desc=f"record {args.split}", unit="prompt") as progress:
+        traces = record(decoder, prompts, ids, args.max_new_tokens, args.depth, metadata, given, progress)
+    out = Path(args.out or f"data/traces/{name}-{args.split}.npz")
+    traces.save(out)
+    positions = int(traces.offsets[-1])
+    print(
+        f"{len(traces)} prompts, {positions} positions, K={args.depth}, mean m(t) {traces.match.mean():.3f}, "
+        f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
+        f"({out.stat().st_size / 1e6:.1f} MB)"
+    )
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Speculative generation of one prompt, with per-round statistics and optional plain comparison."""
     from adaptive.workload import chat_ids
@@ -287,6 +334,19 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--reference-context", type=int, default=128, help="context at which c and g are summarised")
     prof.add_argument("--repetitions", type=int, default=7)
     prof.set_defaults(func=cmd_profile)
+
+    rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
+    _add_pair_arguments(rec)
+    rec.set_defaults(pair="smollm2-135m")
+    rec.add_argument("--split", default="train", choices=["train", "val", "test"])
+    rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
+    rec.add_argument("--limit", type=int, help="only the first N prompts")
+    rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
+    rec.add_argument("--max-new-tokens", type=int, default=128)
+    rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")
+    rec.add_argument("--profile", help="cost profile to note in the metadata (default profiles/PAIR.json)")
+    rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz)")
+    rec.set_defaults(func=cmd_record)
 
     dist = commands.add_parser("distill", help="distil a draft from the default target on the workload corpus")
     dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log")
