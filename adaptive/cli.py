@@ -176,8 +176,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from adaptive.policy import BasePolicy
     from adaptive.profiling import hardware_description, load_profile
+    from policies import make_policy
     from adaptive.recorder import record
     from adaptive.workload import chat_ids, load_prompts
 
@@ -189,7 +189,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     given = None
     if args.outputs:
         given = {row["id"]: row["response"] for row in map(json.loads, Path(args.outputs).read_text().splitlines())}
-    decoder = SpeculativeDecoder(pair.target, pair.draft, BasePolicy(), tokenizer=pair.tokenizer, max_depth=args.depth)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), sampling, tokenizer=pair.tokenizer, max_depth=args.depth)
     metadata = {
         "pair": name,
         "tokenizer": pair.tokenizer.name_or_path,
@@ -204,12 +205,14 @@ def cmd_record(args: argparse.Namespace) -> int:
     ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
     start = time.perf_counter()
     with tqdm(total=len(prompts), desc=f"record {args.split}", unit="prompt") as progress:
-        traces = record(decoder, prompts, ids, args.max_new_tokens, args.depth, metadata, given, progress)
-    out = Path(args.out or f"data/traces/{name}-{args.split}.npz")
+        traces = record(decoder, prompts, ids, args.max_new_tokens, args.depth, metadata, given, progress, args.seed)
+    suffix = "" if sampling.is_greedy else f"-t{args.temperature:g}"
+    out = Path(args.out or f"data/traces/{name}-{args.split}{suffix}.npz")
     traces.save(out)
     positions = int(traces.offsets[-1])
+    summary = f"mean first-step acceptance {traces.accept_prob[:, 0].mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
     print(
-        f"{len(traces)} prompts, {positions} positions, K={args.depth}, mean m(t) {traces.match.mean():.3f}, "
+        f"{len(traces)} prompts, {positions} positions, K={args.depth}, {sampling.describe()}, {summary}, "
         f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
         f"({out.stat().st_size / 1e6:.1f} MB)"
     )
@@ -344,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")
+    rec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, exact replay (default); > 0 records acceptance probabilities")
+    rec.add_argument("--top-k", type=int, default=None)
+    rec.add_argument("--top-p", type=float, default=1.0)
+    rec.add_argument("--seed", type=int, default=0, help="seed of the sampled outputs and drafts (T > 0)")
     rec.add_argument("--profile", help="cost profile to note in the metadata (default profiles/PAIR.json)")
     rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz)")
     rec.set_defaults(func=cmd_record)

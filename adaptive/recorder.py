@@ -12,10 +12,17 @@ Per prompt:
    positions where d(t) ≠ y[t] (and the last position) need drafting of their own; all of them are drafted
    together, K - 1 steps as one batch over the shared prompt + y cache, each row masked to its own prefix.
 4. m(t) = 0 if d(t) ≠ y[t], else 1 + m(t + 1), capped at K and at the end of y.
+
+For T > 0 (:func:`sampled_trace`) there is no single output to replay exactly. Along one sampled output y,
+every position gets a K-step continuation drawn from the draft's sampling distribution q and, for each of
+its tokens, the acceptance probability min(1, p/q) under the target (one batched target forward over all
+positions' continuations). Replay then samples acceptances from these probabilities — an approximation:
+after a rejection the live decoder continues from the residual's token, the replay from y's.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from adaptive.cached_model import cache_keyword
 from adaptive.decoder import SpeculativeDecoder
-from adaptive.sampling import draft_features
+from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
 from adaptive.traces import TraceSet
 
 
@@ -67,7 +74,7 @@ def draft_trace(draft: PreTrainedModel, prompt: list[int], output: list[int], de
     features[:, 0] = [f[1:] for f in first]
     own = [t for t in range(n) if first_tokens[t] != output[t] or t == n - 1]
     if depth > 1 and own:
-        features[own, 1:] = _rollouts(draft, cache, [p + t for t in own], [first_tokens[t] for t in own], depth - 1)
+        features[own, 1:] = _rollouts(draft, cache, [p + t for t in own], [first_tokens[t] for t in own], depth - 1)[0]
     match = np.zeros(n, dtype=np.int64)
     for t in range(n - 1, -1, -1):
         if first_tokens[t] == output[t]:
@@ -77,26 +84,99 @@ def draft_trace(draft: PreTrainedModel, prompt: list[int], output: list[int], de
     return match, features
 
 
-def _rollouts(draft: PreTrainedModel, cache: DynamicCache, contexts: list[int], first_tokens: list[int], steps: int) -> np.ndarray:
-    """Draft ``steps`` more greedy tokens for each row: row r sees the first ``contexts[r]`` cached tokens
-    and then its own tokens, starting with ``first_tokens[r]``. Returns features ``[rows, steps, 3]``."""
-    rows, cached = len(contexts), cache.get_seq_length()
+def _prefix_mask(cached: int, contexts: list[int], device: torch.device) -> torch.Tensor:
+    """``[rows, cached]`` attention mask: row r sees the first ``contexts[r]`` cached tokens."""
+    return (torch.arange(cached, device=device)[None, :] < torch.tensor(contexts, device=device)[:, None]).long()
+
+
+def _rollouts(
+    draft: PreTrainedModel,
+    cache: DynamicCache,
+    contexts: list[int],
+    first_tokens: list[int],
+    steps: int,
+    sampling: SamplingConfig = GREEDY,
+    generator: torch.Generator | None = None,
+) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Draft ``steps`` more tokens for each row: row r sees the first ``contexts[r]`` cached tokens and
+    then its own tokens, starting with ``first_tokens[r]``. Greedy picks the arg-max, otherwise tokens are
+    drawn from the sampling distribution. Returns features ``[rows, steps, 3]``, the drafted tokens
+    ``[rows, steps]`` and the probability each had under the draft's sampling distribution."""
+    rows = len(contexts)
     cache.batch_repeat_interleave(rows)
     device = draft.device
-    visible = torch.arange(cached, device=device)[None, :] < torch.tensor(contexts, device=device)[:, None]
-    mask = visible.long()
+    mask = _prefix_mask(cache.get_seq_length(), contexts, device)
     tokens = torch.tensor(first_tokens, device=device)[:, None]
     positions = torch.tensor(contexts, device=device)[:, None]
     out = np.zeros((rows, steps, 3), dtype=np.float32)
+    drafted, probs = [], []
     for j in range(steps):
         mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype, device=device)], dim=1)
         logits = draft(
             input_ids=tokens, attention_mask=mask, position_ids=positions + j, use_cache=True, **{cache_keyword(draft): cache}
         ).logits[:, -1]
-        step = draft_features(logits)
+        chosen = None
+        if not sampling.is_greedy:
+            q = sampling_distribution(logits, sampling)
+            chosen = sample(q, generator)
+            probs.append(q.gather(-1, chosen[:, None])[:, 0])
+        step = draft_features(logits, chosen)
         out[:, j] = [s[1:] for s in step]
         tokens = torch.tensor([s[0] for s in step], device=device)[:, None]
-    return out
+        drafted.append(tokens[:, 0])
+    empty = torch.zeros(rows, 0)
+    return out, torch.stack(drafted, 1) if drafted else empty.long(), torch.stack(probs, 1) if probs else empty
+
+
+TARGET_ROWS_PER_BATCH = 32
+"""Rows per batched target forward when recording sampled traces (bounds the expanded KV cache)."""
+
+
+@torch.inference_mode()
+def sampled_trace(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    prompt: list[int],
+    output: list[int],
+    depth: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For T > 0: at every position t of a sampled output, a K-step draft continuation drawn from q, and
+    the acceptance probability min(1, p(x_j) / q(x_j)) of each of its tokens, p being the target's sampling
+    distribution after the context and the continuation's earlier tokens. Returns ``[N, depth]``
+    probabilities, ``[N, depth, 3]`` features and the ``[N, depth]`` drafted tokens."""
+    n, p = len(output), len(prompt)
+    sequence = torch.tensor([prompt + output], device=draft.device)
+    draft_cache = DynamicCache(config=draft.config)
+    draft_logits = draft(input_ids=sequence, use_cache=True, **{cache_keyword(draft): draft_cache}).logits[0, p - 1 : p - 1 + n]
+    q_first = sampling_distribution(draft_logits, sampling)
+    first = sample(q_first, generator)
+    features = np.zeros((n, depth, 3), dtype=np.float32)
+    features[:, 0] = [f[1:] for f in draft_features(draft_logits, first)]
+    contexts = [p + t for t in range(n)]
+    tokens, q_chosen = first[:, None], q_first.gather(-1, first[:, None])
+    if depth > 1:
+        more, more_tokens, more_q = _rollouts(draft, draft_cache, contexts, first.tolist(), depth - 1, sampling, generator)
+        features[:, 1:] = more
+        tokens, q_chosen = torch.cat([tokens, more_tokens], 1), torch.cat([q_chosen, more_q], 1)
+    target_cache = DynamicCache(config=target.config)
+    target_logits = target(input_ids=sequence, use_cache=True, **{cache_keyword(target): target_cache}).logits[0, p - 1 : p - 1 + n]
+    p_chosen = torch.zeros_like(q_chosen)
+    p_chosen[:, 0] = sampling_distribution(target_logits, sampling).gather(-1, first[:, None])[:, 0]
+    for start in range(0, n, TARGET_ROWS_PER_BATCH) if depth > 1 else ():
+        rows = list(range(start, min(n, start + TARGET_ROWS_PER_BATCH)))
+        cache = copy.deepcopy(target_cache)
+        cache.batch_repeat_interleave(len(rows))
+        mask = torch.cat([_prefix_mask(p + n, [contexts[r] for r in rows], target.device), torch.ones(len(rows), depth - 1, dtype=torch.long)], 1)
+        positions = torch.tensor([contexts[r] for r in rows])[:, None] + torch.arange(depth - 1)[None, :]
+        logits = target(
+            input_ids=tokens[rows, : depth - 1], attention_mask=mask, position_ids=positions, use_cache=True, **{cache_keyword(target): cache}
+        ).logits
+        p_rows = sampling_distribution(logits, sampling)
+        p_chosen[rows, 1:] = p_rows.gather(-1, tokens[rows, 1:, None])[..., 0]
+    accept = torch.clamp(p_chosen / q_chosen, max=1.0)
+    return accept.float().cpu().numpy(), features, tokens.cpu().numpy()
 
 
 def record(
@@ -108,15 +188,27 @@ def record(
     metadata: dict,
     given_outputs: dict[str, list[int]] | None = None,
     progress=None,
+    seed: int = 0,
 ) -> TraceSet:
-    """Traces of ``prompts`` (workload rows with ``id`` and ``lang``) whose token ids are ``prompt_ids``."""
-    outputs, matches, features = [], [], []
+    """Traces of ``prompts`` (workload rows with ``id`` and ``lang``) whose token ids are ``prompt_ids``.
+
+    Greedy decoders record match lengths (exact replay); sampling decoders record per-step acceptance
+    probabilities along one sampled output per prompt, drawn with ``seed`` + prompt index."""
+    outputs, matches, features, accepts = [], [], [], []
     repaired = 0
-    for prompt, ids in zip(prompts, prompt_ids):
-        given = given_outputs.get(prompt["id"]) if given_outputs else None
-        y = greedy_output(decoder, ids, max_new_tokens, given)
-        repaired += given is not None and y != given[:max_new_tokens]
-        m, f = draft_trace(decoder.draft.model, ids, y, depth)
+    sampling = decoder.sampling
+    for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+        if sampling.is_greedy:
+            given = given_outputs.get(prompt["id"]) if given_outputs else None
+            y = greedy_output(decoder, ids, max_new_tokens, given)
+            repaired += given is not None and y != given[:max_new_tokens]
+            m, f = draft_trace(decoder.draft.model, ids, y, depth)
+        else:
+            y = decoder.generate(ids, max_new_tokens, seed=seed + i).token_ids
+            generator = torch.Generator(device=decoder.draft.device).manual_seed(seed + i)
+            a, f, _ = sampled_trace(decoder.target.model, decoder.draft.model, ids, y, depth, sampling, generator)
+            m = np.zeros(len(y), dtype=np.int64)
+            accepts.append(a)
         outputs.append(np.array(y, dtype=np.int32))
         matches.append(m)
         features.append(f)
@@ -131,5 +223,16 @@ def record(
         outputs=np.concatenate(outputs),
         match=np.concatenate(matches),
         features=np.concatenate(features),
-        metadata={**metadata, "max_new_tokens": max_new_tokens, "depth": depth, "sampling": "greedy", "repaired_outputs": int(repaired)},
+        accept_prob=np.concatenate(accepts) if accepts else None,
+        metadata={
+            **metadata,
+            "max_new_tokens": max_new_tokens,
+            "depth": depth,
+            "sampling": sampling.describe(),
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "seed": seed,
+            "repaired_outputs": int(repaired),
+        },
     )

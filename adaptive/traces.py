@@ -12,6 +12,9 @@ tokens it never emits; the replay does not count those (emitted tokens are ident
 
 Storage: one compressed ``.npz`` (no pickles) holding the arrays of all prompts back to back, with
 ``offsets`` marking where each prompt's positions start, and a JSON ``metadata`` string.
+
+Sampled traces (T > 0, see :mod:`adaptive.recorder`) hold per-step acceptance probabilities instead of
+match lengths; their replay is an approximation whose error is measured against live runs.
 """
 
 from __future__ import annotations
@@ -41,7 +44,14 @@ class TraceSet:
     """[N] int16: m(t) at every position, at most K."""
     features: np.ndarray
     """[N, K, 3] float16: (top-1 probability, entropy in nats, log-probability) of each draft step."""
+    accept_prob: np.ndarray | None = None
+    """[N, K] float16, sampled traces only: min(1, p/q) of each drafted token (match is unused then)."""
     metadata: dict = field(default_factory=dict)
+
+    @property
+    def sampled(self) -> bool:
+        """True for T > 0 traces (acceptances are sampled in replay, an approximation)."""
+        return self.accept_prob is not None
 
     @property
     def depth(self) -> int:
@@ -72,6 +82,7 @@ class TraceSet:
             outputs=self.outputs.astype(np.int32),
             match=self.match.astype(np.int16),
             features=self.features.astype(np.float16),
+            **({"accept_prob": self.accept_prob.astype(np.float16)} if self.accept_prob is not None else {}),
             metadata=np.array(json.dumps({"format": TRACE_FORMAT, **self.metadata})),
         )
 
@@ -90,21 +101,6 @@ class TraceSet:
                 outputs=data["outputs"],
                 match=data["match"].astype(np.int64),
                 features=data["features"].astype(np.float32),
+                accept_prob=data["accept_prob"].astype(np.float32) if "accept_prob" in data.files else None,
                 metadata=metadata,
             )
-
-    @classmethod
-    def concatenate(cls, parts: list[TraceSet], metadata: dict) -> TraceSet:
-        """Join trace sets recorded with the same settings."""
-        sizes = [int(p.offsets[-1]) for p in parts]
-        starts = np.cumsum([0, *sizes])
-        return cls(
-            prompt_ids=[i for p in parts for i in p.prompt_ids],
-            langs=[lang for p in parts for lang in p.langs],
-            prompt_lengths=np.concatenate([p.prompt_lengths for p in parts]),
-            offsets=np.concatenate([[0]] + [p.offsets[1:] + start for p, start in zip(parts, starts)]),
-            outputs=np.concatenate([p.outputs for p in parts]),
-            match=np.concatenate([p.match for p in parts]),
-            features=np.concatenate([p.features for p in parts]),
-            metadata=metadata,
-        )

@@ -102,7 +102,7 @@ class SpecDecodeEnv(gym.Env):
         if self.backend.done:
             raise RuntimeError("the episode is over: call reset()")
         action = int(action)
-        if not self.action_space.contains(action):
+        if not 0 <= action < self.action_space.n:
             raise ValueError(f"action {action} is outside {self.action_space}")
         self._reward, self._info = 0.0, {"cycles": 0}
         self._decisions += 1

@@ -2,7 +2,9 @@
 
 A round at position t that drafts d tokens and verifies γ of them accepts min(γ, m(t)) and emits that + 1
 (fewer at the end of the output) — exactly what the live greedy decoder does with the same pair and
-prompt. Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
+prompt. With sampled (T > 0) traces, each drafted token is accepted with its recorded probability
+min(1, p/q) until the first rejection, drawn from the episode's random stream: an approximation (the
+replay stays on the recorded output after a rejection) whose error ``benchmarks/replay_vs_live.py`` measures. Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
 context length. No model runs, so a step costs microseconds.
 """
 
@@ -38,6 +40,8 @@ class ReplayBackend(Backend):
         self._budget = traces.max_new_tokens
         self._match = traces.match.tolist()  # Python ints: faster to index one at a time than numpy
         self._features = traces.features.tolist()
+        self._accept = traces.accept_prob.tolist() if traces.sampled else None
+        self._rng = np.random.default_rng(0)
         self._start = 0
         self._length = 0
         self._t = 0
@@ -46,7 +50,8 @@ class ReplayBackend(Backend):
         self._recent: list[int] = []
 
     def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
-        """Begin replaying prompt ``index`` of the trace set (greedy: nothing random)."""
+        """Begin replaying prompt ``index``; ``rng`` draws the acceptances of sampled traces (default: seeded by ``index``)."""
+        self._rng = rng if rng is not None else np.random.default_rng(index)
         self.prompt = index
         self._start = int(self.traces.offsets[index])
         self._length = int(self.traces.offsets[index + 1]) - self._start
@@ -73,7 +78,9 @@ class ReplayBackend(Backend):
 
     @property
     def match_length(self) -> int:
-        """m(t) of the current position: what an oracle would know."""
+        """m(t) of the current position: what an oracle would know (greedy traces only)."""
+        if self._accept is not None:
+            raise ValueError("sampled (T > 0) traces have no match lengths: the oracle needs greedy traces")
         return self._match[self._start + self._t]
 
     def draft(self) -> tuple[float, float, float]:
@@ -87,7 +94,12 @@ class ReplayBackend(Backend):
         depth = self._depth
         if not 0 <= size <= depth or (depth and size < 1):
             raise ValueError(f"cannot verify {size} of {depth} drafted tokens")
-        accepted = min(size, self.match_length)
+        if self._accept is None:
+            accepted = min(size, self._match[self._start + self._t])
+        else:
+            probabilities, accepted = self._accept[self._start + self._t], 0
+            while accepted < size and self._rng.random() < probabilities[accepted]:
+                accepted += 1
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
         cycle = Cycle(

@@ -63,6 +63,14 @@ def far_draft() -> LlamaForCausalLM:
     return tiny_llama(seed=7, layers=1)
 
 
+def flat_profile(c: float = 0.1):
+    """A cost profile for tiny models: target step 10 ms, +1 ms per extra verified token, draft step 10·c ms."""
+    from adaptive.cost_profile import CostProfile
+
+    verify = tuple(10.0 + n for n in range(33))
+    return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {})
+
+
 SUBSET = [0, 2, 3, 5, 7, 8, 11, 13, 14]
 """Tokens a reduced-vocabulary draft may propose; the other 7 of 16 have q = 0."""
 

@@ -13,7 +13,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 import envs
-from adaptive.cost_profile import CostProfile
+from conftest import flat_profile
 from adaptive.costmodel import optimal_gamma
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.recorder import record
@@ -28,12 +28,6 @@ from policies.oracle import OraclePolicy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3], [7, 7, 1, 0]]
 DEPTH = 6
-
-
-def flat_profile(c: float = 0.1) -> CostProfile:
-    """A profile for tiny models: target step 10 ms, verification +1 ms per extra token."""
-    verify = tuple(10.0 + n for n in range(33))
-    return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {})
 
 
 @pytest.fixture(scope="module")

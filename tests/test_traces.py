@@ -8,9 +8,10 @@ import torch
 
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder, generate_plain
-from adaptive.recorder import draft_trace, greedy_output, record
-from adaptive.sampling import draft_features
+from adaptive.recorder import draft_trace, greedy_output, record, sampled_trace
+from adaptive.sampling import SamplingConfig, draft_features, sampling_distribution
 from adaptive.traces import TraceSet
+from conftest import flat_profile
 from policies import make_policy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3]]
@@ -67,3 +68,41 @@ def test_trace_file_round_trip(tmp_path, target, near_draft):
     np.testing.assert_allclose(loaded.features, traces.features, atol=1e-3)  # stored as float16
     with np.load(tmp_path / "t.npz", allow_pickle=False) as raw:
         assert all(raw[key].dtype != object for key in raw.files)
+
+
+def test_sampled_trace_acceptance_probabilities_follow_the_definition(target, far_draft):
+    sampling = SamplingConfig(0.9, top_k=10)
+    prompt, output = PROMPTS[1], generate_plain(target, PROMPTS[1], 12, sampling, seed=0).token_ids
+    generator = torch.Generator().manual_seed(0)
+    accept, features, tokens = sampled_trace(target, far_draft, prompt, output, 4, sampling, generator)
+    assert accept.shape == tokens.shape == (12, 4) and features.shape == (12, 4, 3)
+    for t in (0, 5, 11):
+        context = prompt + output[:t]
+        for j in range(4):
+            ids = torch.tensor([context + tokens[t, :j].tolist()])
+            with torch.no_grad():
+                p = sampling_distribution(target(ids).logits[0, -1], sampling)
+                q = sampling_distribution(far_draft(ids).logits[0, -1], sampling)
+            x = int(tokens[t, j])
+            assert q[x] > 0
+            assert accept[t, j] == pytest.approx(min(1.0, float(p[x] / q[x])), abs=1e-5)
+    assert 0.0 < accept.mean() < 1.0
+
+
+def test_sampled_traces_replay_with_sampled_acceptances(tmp_path, target, far_draft):
+    from envs.replay import ReplayBackend
+    from envs.rollout import run_policy
+
+    decoder = SpeculativeDecoder(target, far_draft, make_policy("static:1"), SamplingConfig(1.0))
+    rows = [{"id": str(i), "lang": "en"} for i in range(len(PROMPTS))]
+    traces = record(decoder, rows, PROMPTS, max_new_tokens=30, depth=4, metadata={}, seed=5)
+    traces.save(tmp_path / "s.npz")
+    loaded = TraceSet.load(tmp_path / "s.npz")
+    assert loaded.sampled and loaded.metadata["temperature"] == 1.0
+    backend = ReplayBackend(loaded, flat_profile())
+    with pytest.raises(ValueError, match="greedy"):
+        backend.match_length
+    episodes = run_policy(backend, make_policy("static:4"), range(len(PROMPTS)))
+    accepted = [c.accepted for e in episodes for c in e.cycles]
+    assert 0 < sum(accepted) and max(accepted) <= 4
+    assert sum(e.tokens for e in episodes) == int(loaded.offsets[-1])

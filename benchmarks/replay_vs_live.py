@@ -1,0 +1,144 @@
+"""Replay against live decoding of the default pair: exactness of acceptances, modelled vs measured time,
+and environment steps per second.
+
+1. For the first prompts per language of a trace file, each policy decodes live (greedy, real models) and in
+   replay; reported: rounds whose accepted length agrees, and the replay's modelled draft + verify seconds
+   against the live measured ones (error = modelled / measured - 1, per policy and overall).
+2. Steps per second of the replay env and the live env (random depth actions, one torch thread), as a ratio.
+
+Run: .venv/bin/python benchmarks/replay_vs_live.py [--traces data/traces/smollm2-135m-val.npz] [--per-language 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adaptive import SpeculativeDecoder, load_pair
+from adaptive.cost_profile import CostProfile
+from adaptive.profiling import hardware_description
+from adaptive.report import format_table
+from adaptive.traces import TraceSet
+from adaptive.workload import chat_ids, load_prompts
+from envs.env import SpecDecodeEnv
+from envs.live import LiveBackend
+from envs.replay import ReplayBackend
+from envs.rollout import run_policy
+from policies import make_policy
+
+POLICIES = ["static:1", "static:3", "heuristic", "confidence"]
+
+
+def steps_per_second(env: SpecDecodeEnv, seconds: float, seed: int = 0) -> tuple[float, int]:
+    """Random continue/stop actions for about ``seconds``; returns (steps/s, steps)."""
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        _, _, terminated, _, _ = env.step(int(rng.random() < 0.7))
+        steps += 1
+        if terminated:
+            env.reset()
+    return steps / (time.perf_counter() - start), steps
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    traces = TraceSet.load(args.traces)
+    profile = CostProfile.load(args.profile)
+    pair = load_pair(traces.metadata["pair"])
+    split = traces.metadata["split"]
+    rows_by_id = {p["id"]: p for p in load_prompts(split)}
+    chosen = []
+    for lang in ("it", "en", "zh", "es"):
+        chosen += [i for i, l in enumerate(traces.langs) if l == lang][: args.per_language]
+    replay = ReplayBackend(traces, profile)
+    results = []
+    for index in chosen:
+        ids = chat_ids(pair.tokenizer, rows_by_id[traces.prompt_ids[index]]["prompt"])
+        for spec in POLICIES:
+            decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), tokenizer=pair.tokenizer, max_depth=traces.depth)
+            live = decoder.generate(ids, traces.max_new_tokens)
+            (episode,) = run_policy(replay, make_policy(spec), [index], decision_seconds=0.0)
+            live_accepted = [r.accepted for r in live.rounds]
+            replay_accepted = [c.accepted for c in episode.cycles]
+            results.append({
+                "prompt": traces.prompt_ids[index],
+                "lang": traces.langs[index],
+                "policy": spec,
+                "rounds": len(live_accepted),
+                "rounds_equal": sum(a == b for a, b in zip(live_accepted, replay_accepted)) if len(live_accepted) == len(replay_accepted) else 0,
+                "identical": live_accepted == replay_accepted,
+                "live_seconds": sum(r.draft_time + r.verify_time for r in live.rounds),
+                "replay_seconds": sum(c.draft_seconds + c.verify_seconds for c in episode.cycles),
+            })
+            print(f"{results[-1]['lang']} {spec:12s} rounds {len(live_accepted):3d} identical {results[-1]['identical']} "
+                  f"live {results[-1]['live_seconds']:.2f}s replay {results[-1]['replay_seconds']:.2f}s", flush=True)
+    torch.set_num_threads(1)
+    replay_rate, replay_steps = steps_per_second(SpecDecodeEnv(ReplayBackend(traces, profile)), args.seconds)
+    live_decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), tokenizer=pair.tokenizer, max_depth=traces.depth)
+    prompts = [chat_ids(pair.tokenizer, rows_by_id[traces.prompt_ids[i]]["prompt"]) for i in chosen]
+    live_rate, live_steps = steps_per_second(SpecDecodeEnv(LiveBackend(live_decoder, prompts, profile, traces.max_new_tokens)), args.seconds)
+    return {
+        "traces": str(args.traces),
+        "profile": str(args.profile),
+        "profile_measured_at": json.loads(Path(args.profile).read_text()).get("measured_at"),
+        "hardware": hardware_description(pair.target.device),
+        "rows": results,
+        "replay_steps_per_second": replay_rate,
+        "replay_steps": replay_steps,
+        "live_steps_per_second": live_rate,
+        "live_steps": live_steps,
+    }
+
+
+def report(result: dict) -> str:
+    rows = result["rows"]
+    table = []
+    for spec in [*POLICIES, "all"]:
+        mine = [r for r in rows if spec in (r["policy"], "all")]
+        errors = [r["replay_seconds"] / r["live_seconds"] - 1 for r in mine]
+        total_error = sum(r["replay_seconds"] for r in mine) / sum(r["live_seconds"] for r in mine) - 1
+        table.append([
+            spec, len(mine), f"{sum(r['rounds_equal'] for r in mine)}/{sum(r['rounds'] for r in mine)}",
+            f"{sum(r['identical'] for r in mine)}/{len(mine)}", f"{statistics.median(errors):+.1%}", f"{total_error:+.1%}",
+        ])
+    lines = [
+        f"Replay vs live on {len(rows) // len(POLICIES)} prompts of {result['traces']} (greedy), profile {result['profile']} "
+        f"(measured {result['profile_measured_at']}).",
+        "",
+        format_table(["policy", "runs", "rounds with equal acceptance", "runs identical", "median time error", "total time error"], table),
+        "",
+        f"Env steps per second, one torch thread, random depth actions: replay {result['replay_steps_per_second']:,.0f} "
+        f"({result['replay_steps']} steps), live {result['live_steps_per_second']:,.1f} ({result['live_steps']} steps): "
+        f"ratio {result['replay_steps_per_second'] / result['live_steps_per_second']:,.0f}x.",
+        "",
+        f"Hardware: {result['hardware']['processor']}, torch {result['hardware']['torch']}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", default="data/traces/smollm2-135m-val.npz")
+    parser.add_argument("--profile", default="profiles/smollm2-135m.json")
+    parser.add_argument("--per-language", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for the live decoding comparison")
+    parser.add_argument("--seconds", type=float, default=20.0, help="duration of each steps-per-second measurement")
+    parser.add_argument("--out", default="benchmarks/results/replay_vs_live")
+    args = parser.parse_args()
+    result = run(args)
+    text = report(result)
+    print(text)
+    Path(args.out + ".json").write_text(json.dumps(result, indent=1))
+    Path(args.out + ".md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
