@@ -185,7 +185,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
     pair = _load_pair(args)
     name = args.pair or Path(args.draft).name
-    prompts = load_prompts(args.split, lang=args.lang)[: args.limit]
+    prompts = load_prompts(args.split, lang=args.lang)
+    if args.per_language:
+        prompts = [p for lang in dict.fromkeys(p["lang"] for p in prompts) for p in [q for q in prompts if q["lang"] == lang][: args.per_language]]
+    prompts = prompts[: args.limit]
     given = None
     if args.outputs:
         given = {row["id"]: row["response"] for row in map(json.loads, Path(args.outputs).read_text().splitlines())}
@@ -344,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--split", default="train", choices=["train", "val", "test"])
     rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
     rec.add_argument("--limit", type=int, help="only the first N prompts")
+    rec.add_argument("--per-language", type=int, help="only the first N prompts of each language")
     rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")

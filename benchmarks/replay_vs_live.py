@@ -1,9 +1,10 @@
 """Replay against live decoding of the default pair: exactness of acceptances, modelled vs measured time,
 and environment steps per second.
 
-1. For the first prompts per language of a trace file, each policy decodes live (greedy, real models) and in
-   replay; reported: rounds whose accepted length agrees, and the replay's modelled draft + verify seconds
-   against the live measured ones (error = modelled / measured - 1, per policy and overall).
+1. For the first prompts per language of a trace file, each policy decodes live (real models, the traces'
+   sampling setting) and in replay. Greedy traces: rounds whose accepted length agrees (exactness). Both:
+   accepted tokens per round and the replay's modelled draft + verify seconds per token against the live
+   measured ones (error = replay / live - 1, per policy and overall). Sampled traces average several runs.
 2. Steps per second of the replay env and the live env (random depth actions, one torch thread), as a ratio.
 
 Run: .venv/bin/python benchmarks/replay_vs_live.py [--traces data/traces/smollm2-135m-val.npz] [--per-language 2]
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adaptive import SpeculativeDecoder, load_pair
+from adaptive import SamplingConfig, SpeculativeDecoder, load_pair
 from adaptive.cost_profile import CostProfile
 from adaptive.profiling import hardware_description
 from adaptive.report import format_table
@@ -59,27 +60,37 @@ def run(args: argparse.Namespace) -> dict:
     for lang in ("it", "en", "zh", "es"):
         chosen += [i for i, l in enumerate(traces.langs) if l == lang][: args.per_language]
     replay = ReplayBackend(traces, profile)
+    sampling = SamplingConfig(traces.metadata.get("temperature", 0.0), traces.metadata.get("top_k"), traces.metadata.get("top_p", 1.0))
+    repeats = 1 if sampling.is_greedy else args.repeats
     results = []
     for index in chosen:
         ids = chat_ids(pair.tokenizer, rows_by_id[traces.prompt_ids[index]]["prompt"])
         for spec in POLICIES:
-            decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), tokenizer=pair.tokenizer, max_depth=traces.depth)
-            live = decoder.generate(ids, traces.max_new_tokens)
-            (episode,) = run_policy(replay, make_policy(spec), [index], decision_seconds=0.0)
-            live_accepted = [r.accepted for r in live.rounds]
-            replay_accepted = [c.accepted for c in episode.cycles]
-            results.append({
+            decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, max_depth=traces.depth)
+            lives = [decoder.generate(ids, traces.max_new_tokens, seed=seed) for seed in range(repeats)]
+            replays = [run_policy(replay, make_policy(spec), [index], decision_seconds=0.0)[0] for _ in range(repeats)]
+            live_accepted = [r.accepted for r in lives[0].rounds]
+            replay_accepted = [c.accepted for c in replays[0].cycles]
+            row = {
                 "prompt": traces.prompt_ids[index],
                 "lang": traces.langs[index],
                 "policy": spec,
                 "rounds": len(live_accepted),
-                "rounds_equal": sum(a == b for a, b in zip(live_accepted, replay_accepted)) if len(live_accepted) == len(replay_accepted) else 0,
-                "identical": live_accepted == replay_accepted,
-                "live_seconds": sum(r.draft_time + r.verify_time for r in live.rounds),
-                "replay_seconds": sum(c.draft_seconds + c.verify_seconds for c in episode.cycles),
-            })
-            print(f"{results[-1]['lang']} {spec:12s} rounds {len(live_accepted):3d} identical {results[-1]['identical']} "
-                  f"live {results[-1]['live_seconds']:.2f}s replay {results[-1]['replay_seconds']:.2f}s", flush=True)
+                "live_tokens": sum(len(r.token_ids) for r in lives),
+                "replay_tokens": sum(e.tokens for e in replays),
+                "live_accepted_per_round": statistics.mean(r.accepted for g in lives for r in g.rounds),
+                "replay_accepted_per_round": statistics.mean(c.accepted for e in replays for c in e.cycles),
+                "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
+                "replay_seconds": sum(c.draft_seconds + c.verify_seconds for e in replays for c in e.cycles),
+            }
+            if sampling.is_greedy:
+                same_count = len(live_accepted) == len(replay_accepted)
+                row["rounds_equal"] = sum(a == b for a, b in zip(live_accepted, replay_accepted)) if same_count else 0
+                row["identical"] = live_accepted == replay_accepted
+            results.append(row)
+            print(f"{row['lang']} {spec:12s} rounds {row['rounds']:3d} accepted/round live {row['live_accepted_per_round']:.2f} "
+                  f"replay {row['replay_accepted_per_round']:.2f}; s/token live {row['live_seconds'] / row['live_tokens']:.4f} "
+                  f"replay {row['replay_seconds'] / row['replay_tokens']:.4f}", flush=True)
     torch.set_num_threads(1)
     replay_rate, replay_steps = steps_per_second(SpecDecodeEnv(ReplayBackend(traces, profile)), args.seconds)
     live_decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), tokenizer=pair.tokenizer, max_depth=traces.depth)
@@ -87,6 +98,8 @@ def run(args: argparse.Namespace) -> dict:
     live_rate, live_steps = steps_per_second(SpecDecodeEnv(LiveBackend(live_decoder, prompts, profile, traces.max_new_tokens)), args.seconds)
     return {
         "traces": str(args.traces),
+        "sampling": sampling.describe(),
+        "repeats": repeats,
         "profile": str(args.profile),
         "profile_measured_at": json.loads(Path(args.profile).read_text()).get("measured_at"),
         "hardware": hardware_description(pair.target.device),
@@ -100,20 +113,25 @@ def run(args: argparse.Namespace) -> dict:
 
 def report(result: dict) -> str:
     rows = result["rows"]
+    greedy = "rounds_equal" in rows[0]
     table = []
     for spec in [*POLICIES, "all"]:
         mine = [r for r in rows if spec in (r["policy"], "all")]
-        errors = [r["replay_seconds"] / r["live_seconds"] - 1 for r in mine]
-        total_error = sum(r["replay_seconds"] for r in mine) / sum(r["live_seconds"] for r in mine) - 1
-        table.append([
-            spec, len(mine), f"{sum(r['rounds_equal'] for r in mine)}/{sum(r['rounds'] for r in mine)}",
-            f"{sum(r['identical'] for r in mine)}/{len(mine)}", f"{statistics.median(errors):+.1%}", f"{total_error:+.1%}",
-        ])
+        per_token = [(r["replay_seconds"] / r["replay_tokens"]) / (r["live_seconds"] / r["live_tokens"]) - 1 for r in mine]
+        total = (sum(r["replay_seconds"] for r in mine) / sum(r["replay_tokens"] for r in mine)) / (
+            sum(r["live_seconds"] for r in mine) / sum(r["live_tokens"] for r in mine)
+        ) - 1
+        accepted = statistics.mean(r["replay_accepted_per_round"] for r in mine) / statistics.mean(r["live_accepted_per_round"] for r in mine) - 1
+        exact = [f"{sum(r['rounds_equal'] for r in mine)}/{sum(r['rounds'] for r in mine)}", f"{sum(r['identical'] for r in mine)}/{len(mine)}"] if greedy else []
+        table.append([spec, len(mine), *exact, f"{accepted:+.1%}", f"{statistics.median(per_token):+.1%}", f"{total:+.1%}"])
+    header = ["policy", "runs", *(["rounds with equal acceptance", "runs identical"] if greedy else [])]
+    header += ["accepted/round error", "median s/token error", "overall s/token error"]
     lines = [
-        f"Replay vs live on {len(rows) // len(POLICIES)} prompts of {result['traces']} (greedy), profile {result['profile']} "
-        f"(measured {result['profile_measured_at']}).",
+        f"Replay vs live on {len(rows) // len(POLICIES)} prompts of {result['traces']} ({result['sampling']}, "
+        f"{result['repeats']} run(s) per prompt and policy), profile {result['profile']} (measured {result['profile_measured_at']}). "
+        "Errors are replay / live - 1; time is draft + verify seconds per emitted token.",
         "",
-        format_table(["policy", "runs", "rounds with equal acceptance", "runs identical", "median time error", "total time error"], table),
+        format_table(header, table),
         "",
         f"Env steps per second, one torch thread, random depth actions: replay {result['replay_steps_per_second']:,.0f} "
         f"({result['replay_steps']} steps), live {result['live_steps_per_second']:,.1f} ({result['live_steps']} steps): "
@@ -129,6 +147,7 @@ def main() -> None:
     parser.add_argument("--traces", default="data/traces/smollm2-135m-val.npz")
     parser.add_argument("--profile", default="profiles/smollm2-135m.json")
     parser.add_argument("--per-language", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per prompt and policy for sampled traces")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for the live decoding comparison")
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of each steps-per-second measurement")
     parser.add_argument("--out", default="benchmarks/results/replay_vs_live")

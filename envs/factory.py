@@ -34,6 +34,7 @@ def make_replay_env(
     decision: str = "depth",
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
+    episode: str = "cycle",
 ) -> SpecDecodeEnv:
     """Replay env. ``traces``: a split name of the shipped traces ("train", "val"), a trace file or a TraceSet."""
     if not isinstance(traces, TraceSet):
@@ -41,7 +42,7 @@ def make_replay_env(
         traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces)))
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
-    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth), decision, partner, decision_seconds)
+    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth), decision, partner, decision_seconds, episode)
 
 
 def make_synthetic_env(
@@ -55,12 +56,13 @@ def make_synthetic_env(
     decision: str = "depth",
     partner: DraftPolicy | None = None,
     decision_seconds: float = 0.0,
+    episode: str = "cycle",
 ) -> SpecDecodeEnv:
     """Cost-model env: constant α, or Markov-modulated regimes ``alphas`` switching with ``switch_prob``."""
     backend = SyntheticBackend(
         alphas, c=c, g=g, switch_prob=switch_prob, max_depth=max_depth, max_new_tokens=max_new_tokens, feature_noise=feature_noise
     )
-    return SpecDecodeEnv(backend, decision, partner, decision_seconds)
+    return SpecDecodeEnv(backend, decision, partner, decision_seconds, episode)
 
 
 def make_live_env(
@@ -73,6 +75,7 @@ def make_live_env(
     decision: str = "depth",
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
+    episode: str = "cycle",
 ) -> SpecDecodeEnv:
     """Live env over a named pair and a workload split (chat-formatted prompts)."""
     from adaptive.decoder import SpeculativeDecoder
@@ -89,4 +92,4 @@ def make_live_env(
     prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
-    return SpecDecodeEnv(LiveBackend(decoder, prompts, profile, max_new_tokens), decision, partner, decision_seconds)
+    return SpecDecodeEnv(LiveBackend(decoder, prompts, profile, max_new_tokens), decision, partner, decision_seconds, episode)

@@ -36,7 +36,7 @@ def run_policy(
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
 ) -> list[Episode]:
     """Generate for each prompt index with ``policy`` deciding depth (and, as partner, verification size)."""
-    env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=decision_seconds)
+    env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=decision_seconds, episode="generation")
     episodes = []
     for prompt in prompts:
         env.reset(options={"prompt": prompt})

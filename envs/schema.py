@@ -28,6 +28,8 @@ SCHEMA_VERSION = 1
 RECENT = 8
 CONTEXT_SCALE = 4096.0
 NATS_SCALE = 10.0
+BOUND = 10.0
+"""Every observation entry is clipped to [-BOUND, BOUND] (the Box space's bounds)."""
 
 
 class SchemaMismatch(ValueError):
@@ -98,8 +100,9 @@ class ObservationBuilder:
         self._steps[i + 2] = max(-1.0, cumulative_log_prob / NATS_SCALE)
 
     def build(self, depth: int, cap: int, context_length: int) -> np.ndarray:
-        """The observation vector now."""
+        """The observation vector now, clipped to [-BOUND, BOUND]."""
         k = self.schema.max_depth
         head = (depth / k, cap / k, context_length / CONTEXT_SCALE)
         tail = (self.c, self.g[depth], self.g[depth + 1])
-        return np.concatenate((np.asarray(head, dtype=np.float32), self._steps, self._recent, np.asarray(tail, dtype=np.float32)))
+        vector = np.concatenate((np.asarray(head, dtype=np.float32), self._steps, self._recent, np.asarray(tail, dtype=np.float32)))
+        return np.clip(vector, -BOUND, BOUND, out=vector)

@@ -4,6 +4,7 @@ confidence threshold and entropy stop. Each verifies every drafted token (chain 
 from __future__ import annotations
 
 import math
+import random
 
 from adaptive.costmodel import GCurve, optimal_gamma, verification_cost
 from adaptive.policy import BasePolicy, DraftState, RoundStats
@@ -148,3 +149,22 @@ class CostModelPolicy(BasePolicy):
 
 def _ema(previous: float | None, value: float, weight: float = 0.1) -> float:
     return value if previous is None else (1 - weight) * previous + weight * value
+
+
+class RandomDepth(BasePolicy):
+    """Draft a uniformly random depth in 1..max_depth each round (the size policy's first partner)."""
+
+    reads_step_features = False
+    name = "random-depth"
+
+    def __init__(self, max_depth: int, seed: int = 0) -> None:
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        self.max_depth = max_depth
+        self._rng = random.Random(seed)
+        self._target = 1
+
+    def should_continue(self, state: DraftState) -> bool:
+        if state.depth == 1:
+            self._target = self._rng.randint(1, self.max_depth)
+        return state.depth < self._target

@@ -1,0 +1,129 @@
+"""Learned policies at inference: plain torch MLPs (no SB3 in the decoding loop), saved as safetensors
+weights plus a JSON sidecar, and loaded without unpickling.
+
+The sidecar records the observation schema, what the actions mean, the pair, the cost-profile constants
+the observations embed (c and g), and the hash of the training config. Loading checks the schema (and,
+when given, the pair): a policy trained on other observations fails with a message saying what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from adaptive.policy import BasePolicy, DraftState
+from envs.schema import ObservationBuilder, ObservationSchema
+
+FORMAT = "adaptive-draft/policy/1"
+WEIGHTS, SIDECAR = "policy.safetensors", "policy.json"
+ACTIONS = {
+    "depth": "argmax over 2 logits after each draft step: 0 = stop and verify, 1 = draft another token",
+    "size": "argmax over max_depth logits after drafting: a -> verify a + 1 drafted tokens (at most the depth)",
+}
+
+
+def mlp(sizes: list[int]) -> torch.nn.Sequential:
+    """Linear layers with tanh between them (SB3's MlpPolicy default), no activation at the output."""
+    layers: list[torch.nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(torch.nn.Linear(n_in, n_out))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.Tanh())
+    return torch.nn.Sequential(*layers)
+
+
+def export_sb3(model) -> tuple[torch.nn.Sequential, list[int]]:
+    """The deterministic action head of an SB3 PPO MlpPolicy as a plain MLP (and its layer sizes)."""
+    policy = model.policy
+    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, torch.nn.Linear)] + [policy.action_net]
+    sizes = [linears[0].in_features] + [layer.out_features for layer in linears]
+    net = mlp(sizes)
+    for target, source in zip([m for m in net if isinstance(m, torch.nn.Linear)], linears):
+        target.load_state_dict(source.state_dict())
+    return net.eval(), sizes
+
+
+class LearnedPolicy(BasePolicy):
+    """Depth (and optionally verification-size) decisions from exported MLPs.
+
+    Without a size network every drafted token is verified (the chain default)."""
+
+    reads_step_features = True
+
+    def __init__(self, depth_net: torch.nn.Sequential, metadata: dict, size_net: torch.nn.Sequential | None = None) -> None:
+        self.depth_net = depth_net.eval()
+        self.size_net = None if size_net is None else size_net.eval()
+        self.metadata = metadata
+        self.schema = ObservationSchema(metadata["schema"]["max_depth"])
+        self.schema.check(metadata["schema"])
+        self._builder = ObservationBuilder(self.schema, metadata["profile"]["c"], metadata["profile"]["g"])
+        self.name = metadata.get("name", "learned")
+
+    def observation(self, state: DraftState) -> torch.Tensor:
+        """The observation the environment would have shown in this state."""
+        builder = self._builder
+        builder.new_round(state.recent_accepted)
+        for depth, step in enumerate(state.steps[: self.schema.max_depth], start=1):
+            builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob)
+        depth = min(state.depth, self.schema.max_depth)
+        return torch.from_numpy(builder.build(depth, min(state.max_depth, self.schema.max_depth), state.context_length))
+
+    @torch.inference_mode()
+    def should_continue(self, state: DraftState) -> bool:
+        if state.depth >= self.schema.max_depth:
+            return False
+        return bool(self.depth_net(self.observation(state)).argmax() == 1)
+
+    @torch.inference_mode()
+    def verify_size(self, state: DraftState) -> int:
+        if self.size_net is None or state.depth <= 1:
+            return state.depth
+        return min(state.depth, int(self.size_net(self.observation(state)).argmax()) + 1)
+
+
+def save_policy(folder: str | Path, depth_net: torch.nn.Sequential, metadata: dict, size_net: torch.nn.Sequential | None = None) -> Path:
+    """Write ``policy.safetensors`` and ``policy.json`` into ``folder``; returns the sidecar path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"depth.{k}": v.detach().contiguous() for k, v in depth_net.state_dict().items()}
+    if size_net is not None:
+        tensors.update({f"size.{k}": v.detach().contiguous() for k, v in size_net.state_dict().items()})
+    save_file(tensors, folder / WEIGHTS)
+    sidecar = {"format": FORMAT, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "actions": ACTIONS, **metadata}
+    sidecar["size_layers"] = sidecar.get("size_layers") if size_net is not None else None
+    (folder / SIDECAR).write_text(json.dumps(sidecar, indent=1))
+    return folder / SIDECAR
+
+
+def _find_sidecar(path: Path) -> Path:
+    for candidate in (path, path / SIDECAR, path / "final" / SIDECAR):
+        if candidate.is_file() and candidate.name == SIDECAR:
+            return candidate
+    raise FileNotFoundError(f"no {SIDECAR} at {path} (give a policy folder, its {SIDECAR}, or a training run folder)")
+
+
+def load_policy(path: str | Path, schema: ObservationSchema | None = None, pair: str | None = None) -> LearnedPolicy:
+    """Load a learned policy (a run folder, a policy folder or its ``policy.json``) for the decoder.
+
+    Raises ``SchemaMismatch`` when ``schema`` is given and differs from the policy's, and ``ValueError``
+    when ``pair`` is given and the policy was trained for another pair."""
+    sidecar = _find_sidecar(Path(path))
+    metadata = json.loads(sidecar.read_text())
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"{sidecar} is not a policy of format {FORMAT} (found {metadata.get('format')!r})")
+    if schema is not None:
+        schema.check(metadata["schema"])
+    if pair is not None and metadata.get("pair") != pair:
+        raise ValueError(f"policy {sidecar} was trained for pair {metadata.get('pair')!r}, not {pair!r}")
+    tensors = load_file(sidecar.parent / WEIGHTS)
+    depth_net = mlp(metadata["depth_layers"])
+    depth_net.load_state_dict({k.removeprefix("depth."): v for k, v in tensors.items() if k.startswith("depth.")})
+    size_net = None
+    if metadata.get("size_layers"):
+        size_net = mlp(metadata["size_layers"])
+        size_net.load_state_dict({k.removeprefix("size."): v for k, v in tensors.items() if k.startswith("size.")})
+    return LearnedPolicy(depth_net, metadata, size_net)

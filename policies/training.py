@@ -1,0 +1,348 @@
+"""PPO co-training of the depth and verification-size policies from an experiment config.
+
+Phases alternate as in Learning to Draft: train the depth policy with the size policy frozen inside the
+env, then the size policy with the depth policy frozen (its first phase with random depths), for
+``cotraining.rounds`` rounds. Without ``cotraining.train_size`` only the depth policy is trained (every
+drafted token is verified).
+
+A run folder holds ``config.yaml`` (resolved), ``state.json`` and ``checkpoints/`` (SB3 zips: resuming
+only, they unpickle), ``metrics.csv`` (one row per rollout), ``evaluation.json``, ``plots/`` and ``final/``
+(the exported policy: ``policy.safetensors`` + ``policy.json``). ``train(..., resume=True)`` continues a
+killed run from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from tqdm import tqdm
+
+from adaptive.config import ExperimentConfig, PPOConfig, config_from_dict
+from adaptive.cost_profile import CostProfile
+from adaptive.policy import DraftPolicy
+from adaptive.tracking import Tracker
+from envs.env import SpecDecodeEnv
+from envs.factory import make_live_env, make_replay_env, make_synthetic_env
+from envs.rollout import run_policy
+from envs.schema import ObservationSchema
+from envs.synthetic import SyntheticBackend
+from policies.baselines import RandomDepth, StaticDepth
+from policies.learned import LearnedPolicy, export_sb3, save_policy
+
+log = logging.getLogger(__name__)
+METRICS = ["phase", "decision", "timesteps", "reward_per_step", "reward_per_cycle", "throughput_speedup", "accepted_per_cycle",
+           "continue_fraction", "mean_action", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "seconds"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    decision: str
+    round: int
+    partner: str
+    """none | random | learned"""
+
+
+def phases(config: ExperimentConfig) -> list[Phase]:
+    """The co-training schedule."""
+    plan = []
+    for r in range(config.cotraining.rounds):
+        plan.append(Phase("depth", r, "learned" if config.cotraining.train_size and r > 0 else "none"))
+        if config.cotraining.train_size:
+            plan.append(Phase("size", r, "random" if r == 0 and config.cotraining.random_depth_first else "learned"))
+    return plan
+
+
+def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | None, evaluation: bool = False) -> SpecDecodeEnv:
+    """The environment a config describes (``evaluation``: replay on the val traces instead of train)."""
+    env = config.env
+    if env.backend == "replay":
+        traces = "val" if evaluation and env.traces == "train" else env.traces
+        return make_replay_env(traces, env.profile, env.max_depth, decision, partner, env.decision_seconds)
+    if env.backend == "synthetic":
+        return make_synthetic_env(
+            env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds
+        )
+    return make_live_env(config.pair, env.split, env.profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds)
+
+
+def _ppo(config: PPOConfig, env: SpecDecodeEnv, seed: int) -> PPO:
+    rate = config.learning_rate
+    schedule = (lambda progress: rate * progress) if config.lr_schedule == "linear" else rate
+    return PPO(
+        "MlpPolicy",
+        env,
+        learning_rate=schedule,
+        n_steps=config.n_steps,
+        batch_size=config.batch_size,
+        n_epochs=config.n_epochs,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+        ent_coef=config.ent_coef,
+        clip_range=config.clip_range,
+        policy_kwargs={"net_arch": {"pi": list(config.net), "vf": list(config.net)}},
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
+
+
+class _Progress(BaseCallback):
+    """Per-rollout metrics (CSV + W&B), a progress bar, and checkpoints every ``every`` steps."""
+
+    def __init__(self, run: TrainingRun, phase_index: int, done: int, total: int) -> None:
+        super().__init__()
+        self.run, self.phase_index, self.done, self.total = run, phase_index, done, total
+        self.bar = tqdm(total=total, initial=done, desc=f"phase {phase_index + 1}/{len(run.plan)} {run.plan[phase_index].decision}", unit="step")
+        self._reset_rollout()
+
+    def _reset_rollout(self) -> None:
+        self.rewards, self.actions, self.cycles, self.tokens, self.seconds, self.accepted = [], [], 0, 0, 0.0, 0
+
+    def _on_step(self) -> bool:
+        self.done += 1
+        self.bar.update()
+        self.rewards.append(float(self.locals["rewards"][0]))
+        self.actions.append(int(self.locals["actions"][0]))
+        info = self.locals["infos"][0]
+        if info.get("cycles"):
+            self.cycles += 1
+            self.tokens += info["emitted"]
+            self.seconds += info["draft_seconds"] + info["verify_seconds"] + info["policy_seconds"]
+            self.accepted += info["accepted"]
+        if self.done % self.run.config.checkpoint_every == 0:
+            self.run.checkpoint(self.phase_index, self.done)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        losses = self.model.logger.name_to_value
+        phase = self.run.plan[self.phase_index]
+        row = {
+            "phase": self.phase_index,
+            "decision": phase.decision,
+            "timesteps": self.done,
+            "reward_per_step": float(np.mean(self.rewards)) if self.rewards else 0.0,
+            "reward_per_cycle": float(np.sum(self.rewards)) / max(1, self.cycles),
+            "throughput_speedup": self.tokens / self.seconds * self.run.target_step_seconds if self.seconds else 0.0,
+            "accepted_per_cycle": self.accepted / max(1, self.cycles),
+            "continue_fraction": float(np.mean([a == 1 for a in self.actions])) if phase.decision == "depth" else float("nan"),
+            "mean_action": float(np.mean(self.actions)) if self.actions else 0.0,
+            "policy_loss": losses.get("train/policy_gradient_loss", float("nan")),
+            "value_loss": losses.get("train/value_loss", float("nan")),
+            "entropy_loss": losses.get("train/entropy_loss", float("nan")),
+            "approx_kl": losses.get("train/approx_kl", float("nan")),
+            "seconds": time.time() - self.run.started,
+        }
+        self.run.record(row)
+        self.bar.set_postfix(speedup=f"{row['throughput_speedup']:.3f}")
+        self._reset_rollout()
+
+    def _on_training_end(self) -> None:
+        self.bar.close()
+
+
+class TrainingRun:
+    """State and files of one training run."""
+
+    def __init__(self, config: ExperimentConfig, folder: Path) -> None:
+        self.config = config
+        self.folder = folder
+        self.plan = phases(config)
+        self.models: dict[str, PPO] = {}
+        self.started = time.time()
+        profile_seconds = CostProfile.load(config.env.profile).target_step_ms / 1e3 if config.env.backend != "synthetic" else 0.05
+        self.target_step_seconds = profile_seconds
+        self.tracker = Tracker(
+            config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, folder.name, config.to_dict(), folder
+        )
+
+    # --- files -----------------------------------------------------------------------------------------
+
+    def record(self, row: dict) -> None:
+        path = self.folder / "metrics.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=METRICS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        self.tracker.log({f"{row['decision']}/{k}": v for k, v in row.items() if k not in ("decision",)})
+
+    def checkpoint(self, phase_index: int, done: int) -> None:
+        """Save every model and where training stands (atomically: a kill leaves the previous one intact)."""
+        directory = self.folder / "checkpoints"
+        directory.mkdir(exist_ok=True)
+        for decision, model in self.models.items():
+            model.save(directory / f"{decision}.tmp.zip")
+            os.replace(directory / f"{decision}.tmp.zip", directory / f"{decision}.zip")
+        state = {"phase": phase_index, "done": done, "models": sorted(self.models)}
+        (self.folder / "state.tmp.json").write_text(json.dumps(state))
+        os.replace(self.folder / "state.tmp.json", self.folder / "state.json")
+
+    # --- policies --------------------------------------------------------------------------------------
+
+    def metadata(self, decision_layers: dict[str, list[int]]) -> dict:
+        env = self.config.env
+        if env.backend == "synthetic":
+            backend = SyntheticBackend(env.alphas, c=env.c, g=env.g, max_depth=env.max_depth)
+            profile = {"path": None, "c": backend.c, "g": list(backend.g), "hardware": None}
+        else:
+            loaded = CostProfile.load(env.profile)
+            profile = {"path": env.profile, "c": loaded.c, "g": list(loaded.g), "hardware": loaded.hardware}
+        return {
+            "name": f"learned:{self.config.name}",
+            "schema": ObservationSchema(env.max_depth).describe(),
+            "pair": self.config.pair if env.backend != "synthetic" else "synthetic",
+            "profile": profile,
+            "config_digest": self.config.digest(),
+            "depth_layers": decision_layers["depth"],
+            "size_layers": decision_layers.get("size"),
+        }
+
+    def current_policy(self) -> LearnedPolicy:
+        """The learned policy as the decoder would run it (exported MLPs)."""
+        nets, layers = {}, {}
+        for decision, model in self.models.items():
+            nets[decision], layers[decision] = export_sb3(model)
+        return LearnedPolicy(nets["depth"], self.metadata(layers), nets.get("size"))
+
+    def partner(self, phase: Phase) -> DraftPolicy | None:
+        if phase.partner == "none":
+            return None
+        if phase.partner == "random":
+            return RandomDepth(self.config.env.max_depth, self.config.seed)
+        return self.current_policy()
+
+    # --- training --------------------------------------------------------------------------------------
+
+    def run_phases(self, start_phase: int, start_done: int) -> None:
+        for index in range(start_phase, len(self.plan)):
+            phase = self.plan[index]
+            settings = self.config.depth_policy if phase.decision == "depth" else self.config.size_policy
+            env = make_env(self.config, phase.decision, self.partner(phase))
+            env.reset(seed=self.config.seed + index)
+            if phase.decision in self.models:
+                self.models[phase.decision].set_env(env)
+            else:
+                self.models[phase.decision] = _ppo(settings, env, self.config.seed + index)
+            done = start_done if index == start_phase else 0
+            remaining = settings.timesteps - done
+            if remaining > 0:
+                callback = _Progress(self, index, done, settings.timesteps)
+                self.models[phase.decision].learn(remaining, callback=callback, reset_num_timesteps=False)
+            self.checkpoint(index + 1, 0)
+
+    def finish(self) -> Path:
+        """Export the final policy, evaluate it against static depths (and the oracle in replay), plot."""
+        policy = self.current_policy()
+        nets = {d: export_sb3(m)[0] for d, m in self.models.items()}
+        layers = {d: export_sb3(m)[1] for d, m in self.models.items()}
+        final = self.folder / "final"
+        save_policy(final, nets["depth"], self.metadata(layers), nets.get("size"))
+        evaluation = evaluate(self.config, policy)
+        (self.folder / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
+        self.tracker.log_table("evaluation", ["policy", "speedup", "tokens", "seconds"], [[k, v["speedup"], v["tokens"], v["seconds"]] for k, v in evaluation.items()])
+        plot_training(self.folder)
+        self.tracker.log_artifact(final, f"{self.config.name}-policy", "policy")
+        self.tracker.finish()
+        return final
+
+
+def evaluate(config: ExperimentConfig, policy: DraftPolicy) -> dict[str, dict]:
+    """Speedup over plain decoding of the learned policy, every static depth and (replay) the oracle, on
+    ``eval_episodes`` episodes of the evaluation env (replay: val traces)."""
+    from policies.oracle import OraclePolicy
+
+    env = make_env(config, "depth", None, evaluation=True)
+    backend = env.backend
+    prompts = list(range(min(config.eval_episodes, backend.num_prompts)))
+    candidates: dict[str, DraftPolicy] = {"learned": policy}
+    candidates.update({f"static:{g}": StaticDepth(g) for g in range(1, config.env.max_depth + 1)})
+    if config.env.backend == "replay":
+        candidates["oracle"] = OraclePolicy(backend)
+    result = {}
+    for name, candidate in candidates.items():
+        episodes = run_policy(backend, candidate, prompts, config.env.decision_seconds)
+        tokens, seconds = sum(e.tokens for e in episodes), sum(e.seconds for e in episodes)
+        result[name] = {"speedup": tokens / seconds * backend.target_step_seconds, "tokens": tokens, "seconds": seconds}
+    return result
+
+
+def plot_training(folder: Path) -> None:
+    """Reward and throughput over training, per phase, into ``plots/training.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with (folder / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows:
+        return
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for phase in sorted({int(r["phase"]) for r in rows}):
+        mine = [r for r in rows if int(r["phase"]) == phase]
+        label = f"phase {phase + 1} ({mine[0]['decision']})"
+        steps = [int(r["timesteps"]) for r in mine]
+        axes[0].plot(steps, [float(r["reward_per_cycle"]) for r in mine], label=label)
+        axes[1].plot(steps, [float(r["throughput_speedup"]) for r in mine], label=label)
+    axes[0].set(title="reward per cycle", xlabel="environment steps in phase")
+    axes[1].set(title="throughput (speedup over plain decoding)", xlabel="environment steps in phase")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    (folder / "plots").mkdir(exist_ok=True)
+    figure.savefig(folder / "plots" / "training.png", dpi=110)
+    plt.close(figure)
+
+
+def train(config: ExperimentConfig, folder: str | Path) -> Path:
+    """Train into a new run folder; returns the final policy folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=False)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    torch.manual_seed(config.seed)
+    run = TrainingRun(config, folder)
+    run.run_phases(0, 0)
+    return run.finish()
+
+
+def resume(folder: str | Path) -> Path:
+    """Continue a killed run from its last checkpoint; returns the final policy folder."""
+    folder = Path(folder)
+    if not (folder / "config.yaml").is_file():
+        raise ValueError(f"{folder} is not a training run folder (no config.yaml)")
+    config = config_from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
+    run = TrainingRun(config, folder)
+    state = json.loads((folder / "state.json").read_text()) if (folder / "state.json").is_file() else {"phase": 0, "done": 0, "models": []}
+    for decision in state["models"]:
+        run.models[decision] = PPO.load(folder / "checkpoints" / f"{decision}.zip", device="cpu")
+    _truncate_metrics(folder, state)
+    log.info("resuming %s at phase %d, step %d", folder, state["phase"], state["done"])
+    run.run_phases(state["phase"], state["done"])
+    return run.finish()
+
+
+def _truncate_metrics(folder: Path, state: dict) -> None:
+    """Drop metric rows logged after the checkpoint we resume from (they will be produced again)."""
+    path = folder / "metrics.csv"
+    if not path.is_file():
+        return
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    kept = [r for r in rows if (int(r["phase"]), int(r["timesteps"])) <= (state["phase"], state["done"])]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=METRICS)
+        writer.writeheader()
+        writer.writerows(kept)
