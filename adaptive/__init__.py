@@ -19,6 +19,7 @@ from adaptive.verification import naive_correction, residual_correction, verify_
 
 if TYPE_CHECKING:
     from policies import make_policy
+    from policies.learned import load_policy
 
 __all__ = [
     "GREEDY",
@@ -38,6 +39,7 @@ __all__ = [
     "induced_distribution",
     "load_pair",
     "load_pair_from_paths",
+    "load_policy",
     "make_policy",
     "monte_carlo_audit",
     "naive_correction",
@@ -52,9 +54,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``make_policy`` lives in ``policies`` (which imports this package); resolve it on first use."""
+    """``make_policy`` and ``load_policy`` live in ``policies`` (which imports this package); resolve them
+    on first use."""
     if name == "make_policy":
         from policies import make_policy
 
         return make_policy
+    if name == "load_policy":
+        from policies.learned import load_policy
+
+        return load_policy
     raise AttributeError(f"module 'adaptive' has no attribute {name!r}")

@@ -222,6 +222,32 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train depth (and size) policies with PPO as an experiment config says; or resume a killed run."""
+    import time
+
+    from adaptive.config import load_config
+    from policies.training import resume, train
+
+    if bool(args.config) == bool(args.resume):
+        raise ValueError("give either a CONFIG file or --resume RUN_DIR")
+    if args.resume:
+        final = resume(args.resume)
+        folder = Path(args.resume)
+    else:
+        config = load_config(args.config)
+        folder = Path(args.runs) / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        print(f"run folder: {folder}")
+        final = train(config, folder)
+    import json
+
+    evaluation = json.loads((folder / "evaluation.json").read_text())
+    rows = [[name, f"{v['speedup']:.3f}x", v["tokens"], f"{v['seconds']:.2f}"] for name, v in evaluation.items()]
+    print(format_table(["policy (evaluation env)", "speedup over plain", "tokens", "modelled seconds"], rows))
+    print(f"policy: {final}   use it: adaptive generate --policy {folder} ...   plots: {folder / 'plots'}")
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Speculative generation of one prompt, with per-round statistics and optional plain comparison."""
     from adaptive.workload import chat_ids
@@ -310,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="speculative decoding of one prompt with per-round statistics")
     gen.add_argument("prompt", help="the prompt text")
     _add_pair_arguments(gen)
-    gen.add_argument("--policy", default="static:4", help="draft policy spec: static:G, heuristic, confidence[:TAU], entropy[:H], costmodel[:C]")
+    gen.add_argument(
+        "--policy", default="static:4",
+        help="draft policy spec: static:G, heuristic, confidence[:TAU], entropy[:H], costmodel[:C], or a learned policy's run folder / policy.json",
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1.0)")
@@ -340,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--reference-context", type=int, default=128, help="context at which c and g are summarised")
     prof.add_argument("--repetitions", type=int, default=7)
     prof.set_defaults(func=cmd_profile)
+
+    trn = commands.add_parser("train", help="train draft policies with PPO from an experiment config")
+    trn.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/)")
+    trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    trn.set_defaults(func=cmd_train)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     _add_pair_arguments(rec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from adaptive.policy import DraftPolicy
 from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth
@@ -35,16 +36,21 @@ def _required_int(arg: str | None, name: str) -> int:
 
 
 def make_policy(spec: str) -> DraftPolicy:
-    """Build a baseline policy from its spec string.
+    """Build a baseline policy from its spec string, or load a learned one from a path (a training run
+    folder, a policy folder or its ``policy.json``).
 
     Example:
         >>> make_policy("static:4").name
         'static:4'
     """
+    if Path(spec).exists():
+        from policies.learned import load_policy
+
+        return load_policy(spec)
     name, _, arg = spec.partition(":")
     if name not in POLICY_SPECS:
         allowed = "; ".join(help_text for _, help_text in POLICY_SPECS.values())
-        raise ValueError(f"unknown policy {spec!r}; allowed: {allowed}")
+        raise ValueError(f"unknown policy {spec!r}; allowed: {allowed}; or the path of a learned policy (run folder or policy.json)")
     factory, help_text = POLICY_SPECS[name]
     try:
         return factory(arg or None)

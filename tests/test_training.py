@@ -1,0 +1,151 @@
+"""PPO training: reaches the known optimum, learns to adapt, resumes after kill -9, validates configs,
+and its exported policies run in the decoder and refuse other observation schemas."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adaptive.config import ConfigError, config_from_dict, load_config
+from adaptive.costmodel import optimal_gamma
+from adaptive.decoder import SpeculativeDecoder, generate_plain
+from envs.schema import ObservationSchema, SchemaMismatch
+from policies import make_policy
+from policies.learned import load_policy
+from policies.training import resume, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def synthetic(name: str, timesteps: int, **env) -> dict:
+    return {
+        "name": name,
+        "seed": 0,
+        "env": {"backend": "synthetic", "max_depth": 8, "max_new_tokens": 256, "decision_seconds": 0.0, **env},
+        "depth_policy": {"timesteps": timesteps, "n_steps": 1024, "batch_size": 256, "n_epochs": 5},
+        "eval_episodes": 40,
+        "tracking": {"wandb": "disabled"},
+    }
+
+
+def test_depth_policy_reaches_97_percent_of_the_cost_model_optimum(tmp_path):
+    alpha, c = 0.8, 0.3
+    train(config_from_dict(synthetic("constant", 24_000, alphas=[alpha], c=c)), tmp_path / "run")
+    evaluation = json.loads((tmp_path / "run" / "evaluation.json").read_text())
+    best = optimal_gamma(alpha, c, 1.0, max_gamma=8).gamma
+    assert max((k for k in evaluation if k.startswith("static")), key=lambda k: evaluation[k]["speedup"]) == f"static:{best}"
+    assert evaluation["learned"]["speedup"] >= 0.97 * evaluation[f"static:{best}"]["speedup"]
+
+
+def test_adaptivity_pays_when_acceptance_switches_between_hidden_regimes(tmp_path):
+    config = synthetic("regimes", 24_000, alphas=[0.2, 0.9], switch_prob=0.05, c=0.1)
+    train(config_from_dict(config), tmp_path / "run")
+    evaluation = json.loads((tmp_path / "run" / "evaluation.json").read_text())
+    best_static = max(v["speedup"] for k, v in evaluation.items() if k.startswith("static"))
+    assert evaluation["learned"]["speedup"] > 1.02 * best_static
+
+
+def test_training_resumes_after_kill_9(tmp_path):
+    config = synthetic("resumable", 8_000, alphas=[0.7], c=0.1)
+    config["checkpoint_every"] = 1000
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "adaptive.cli", "train", str(path), "--runs", str(tmp_path / "runs")], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    state = None
+    while time.time() < deadline:
+        states = list((tmp_path / "runs").glob("*/state.json"))
+        if states and json.loads(states[0].read_text())["done"] >= 3000:
+            state = states[0]
+            break
+        time.sleep(0.2)
+    assert state is not None, "no checkpoint within 120 s"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    run = state.parent
+    assert not (run / "final").exists()
+    killed_at = json.loads(state.read_text())["done"]
+    resume(run)
+    assert (run / "final" / "policy.json").is_file()
+    rows = (run / "metrics.csv").read_text().splitlines()[1:]
+    steps = [int(r.split(",")[2]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] >= 8_000 and any(s <= killed_at for s in steps)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"depth_policy": {"lr": 0.1}}, "unknown key 'depth_policy.lr'"),
+        ({"env": {"backend": "cloud"}}, "env.backend must be one of replay, synthetic, live"),
+        ({"env": {"max_depth": "eight"}}, "env.max_depth must be int"),
+        ({"cotraining": {"rounds": 0}}, "cotraining.rounds must be >= 1"),
+        ({"tracking": {"wandb": "maybe"}}, "tracking.wandb must be one of offline, online, disabled"),
+        ({"env": {"alphas": [0.5, 1.2]}}, "env.alphas"),
+        ({"colour": "red"}, "unknown key 'colour'"),
+    ],
+)
+def test_config_errors_name_the_key(data, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        config_from_dict(data)
+
+
+def test_shipped_experiment_configs_are_valid():
+    for path in (ROOT / "experiments").glob("*.yaml"):
+        load_config(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trained") / "run"
+    config = synthetic("small", 2_048, alphas=[0.7], c=0.1)
+    config["env"]["max_depth"] = 4
+    train(config_from_dict(config), folder)
+    return folder
+
+
+def test_load_policy_rejects_another_observation_schema(trained):
+    load_policy(trained, schema=ObservationSchema(4))
+    with pytest.raises(SchemaMismatch, match="max_depth"):
+        load_policy(trained, schema=ObservationSchema(8))
+    sidecar = trained / "final" / "policy.json"
+    data = json.loads(sidecar.read_text())
+    data["schema"]["version"] = 99
+    sidecar.write_text(json.dumps(data))
+    try:
+        with pytest.raises(SchemaMismatch, match="version"):
+            load_policy(trained)
+    finally:
+        data["schema"]["version"] = 1
+        sidecar.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="pair"):
+        load_policy(trained, pair="smollm2-135m")
+
+
+def test_a_learned_policy_drives_the_decoder_exactly(trained, target, near_draft):
+    policy = make_policy(str(trained))
+    result = SpeculativeDecoder(target, near_draft, policy, max_depth=8).generate([1, 4, 6], 40)
+    assert result.token_ids == generate_plain(target, [1, 4, 6], 40).token_ids
+    assert all(1 <= r.drafted <= 4 for r in result.rounds[:-1])
+    assert (trained / "plots" / "training.png").is_file() and (trained / "metrics.csv").is_file()
+
+
+def test_tracker_failures_never_stop_the_work(tmp_path):
+    from adaptive.tracking import Tracker
+
+    broken = Tracker("no-such-mode", "p", "g", "n", {}, tmp_path)
+    broken.log({"x": 1})
+    broken.finish()
+    offline = Tracker("offline", "adaptive-draft-test", "g", "n", {"a": 1}, tmp_path)
+    offline.log({"x": 1.0}, step=1)
+    offline.finish()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
