@@ -239,12 +239,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         folder = Path(args.runs) / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         print(f"run folder: {folder}")
         final = train(config, folder)
+        latest = Path(args.runs) / f"{config.name}-latest"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(folder.name)
     import json
 
     evaluation = json.loads((folder / "evaluation.json").read_text())
     rows = [[name, f"{v['speedup']:.3f}x", v["tokens"], f"{v['seconds']:.2f}"] for name, v in evaluation.items()]
     print(format_table(["policy (evaluation env)", "speedup over plain", "tokens", "modelled seconds"], rows))
     print(f"policy: {final}   use it: adaptive generate --policy {folder} ...   plots: {folder / 'plots'}")
+    if not args.resume:
+        print(f"{latest} now points to this run")
     return 0
 
 
@@ -372,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trn = commands.add_parser("train", help="train draft policies with PPO from an experiment config")
     trn.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
-    trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/)")
+    trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/); RUNS/NAME-latest links the newest")
     trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     trn.set_defaults(func=cmd_train)
 

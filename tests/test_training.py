@@ -149,3 +149,13 @@ def test_tracker_failures_never_stop_the_work(tmp_path):
     offline.log({"x": 1.0}, step=1)
     offline.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_training_is_reproducible_from_its_seed(tmp_path):
+    config = synthetic("repeat", 2_048, alphas=[0.3, 0.9], switch_prob=0.1, c=0.1)
+    for name in ("a", "b"):
+        train(config_from_dict(config), tmp_path / name)
+    first, second = ((tmp_path / n / "evaluation.json").read_text() for n in ("a", "b"))
+    assert first == second
+    strip = lambda text: [line.rsplit(",", 1)[0] for line in text.splitlines()]  # noqa: E731 - last column is wall time
+    assert strip((tmp_path / "a" / "metrics.csv").read_text()) == strip((tmp_path / "b" / "metrics.csv").read_text())
