@@ -29,7 +29,7 @@ class EnvConfig:
     """replay: a shipped split name (train, val) or a trace file"""
     profile: str = "profiles/smollm2-135m.json"
     max_depth: int = 8
-    decision_seconds: float = 5e-5
+    decision_seconds: float = 1e-4
     alphas: list[float] = field(default_factory=lambda: [0.7])
     """synthetic: acceptance probability of each hidden regime"""
     switch_prob: float = 0.0

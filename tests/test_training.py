@@ -159,3 +159,24 @@ def test_training_is_reproducible_from_its_seed(tmp_path):
     assert first == second
     strip = lambda text: [line.rsplit(",", 1)[0] for line in text.splitlines()]  # noqa: E731 - last column is wall time
     assert strip((tmp_path / "a" / "metrics.csv").read_text()) == strip((tmp_path / "b" / "metrics.csv").read_text())
+
+
+def test_the_decoder_policy_agrees_with_the_trained_network(trained):
+    """The NumPy forward used while decoding gives the torch MLP's decision on environment observations."""
+    import numpy as np
+    import torch
+
+    from policies.training import make_env
+
+    policy = load_policy(trained)
+    env = make_env(config_from_dict(yaml.safe_load((trained / "config.yaml").read_text())), "depth", None)
+    obs, _ = env.reset(seed=0)
+    for _ in range(200):
+        state = env.unwrapped.draft_state() if hasattr(env, "unwrapped") else env.draft_state()
+        np.testing.assert_allclose(policy.observation(state), obs, atol=1e-6)
+        with torch.no_grad():
+            expected = int(policy.depth_net(torch.from_numpy(obs)).argmax())
+        assert int(policy.should_continue(state)) == expected or state.depth >= state.max_depth
+        obs, _, terminated, _, _ = env.step(expected)
+        if terminated:
+            obs, _ = env.reset()
