@@ -89,7 +89,7 @@ class SpecDecodeEnv(gym.Env):
         self.episode_tokens = 0
         self.episode_seconds = 0.0
         self.episode_cycles: list[Cycle] = []
-        """Every cycle of the current episode, including those decided automatically."""
+        """Every cycle of the current generation, including those decided automatically."""
 
     # --- Gymnasium API -------------------------------------------------------------------------------
 
