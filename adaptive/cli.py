@@ -169,6 +169,22 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Compare learned policies with grid search, the cost model, heuristics and the oracle on the test split."""
+    import time
+
+    from adaptive.comparison import evaluate
+    from adaptive.config import load_config
+
+    config = load_config(args.config)
+    learned = args.policy or ([str(Path(args.runs) / f"{config.name}-latest")] if (Path(args.runs) / f"{config.name}-latest").exists() else [])
+    out = Path(args.out or Path("evaluations") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    evaluate(config, learned, out, args.live_per_language, args.max_new_tokens)
+    print((out / "report.md").read_text())
+    print(f"report, evaluation.json and plots in {out}")
+    return 0
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     """Record greedy replay traces of a pair on a workload split."""
     import json
@@ -380,6 +396,15 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/); RUNS/NAME-latest links the newest")
     trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     trn.set_defaults(func=cmd_train)
+
+    ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
+    ev.add_argument("config", help="the experiment YAML the policies were trained with")
+    ev.add_argument("--policy", action="append", help="learned policy run folder (repeatable; default RUNS/NAME-latest)")
+    ev.add_argument("--runs", default="runs")
+    ev.add_argument("--live-per-language", type=int, default=2, help="test prompts per language decoded live (0: replay only)")
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
+    ev.set_defaults(func=cmd_evaluate)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     _add_pair_arguments(rec)

@@ -1,0 +1,198 @@
+"""``adaptive evaluate``: learned policies against grid search, the cost-model optimum, heuristics, plain
+decoding and the oracle, on the test split, in replay (exact acceptances, modelled time) and live (wall
+clock, the final word), per language.
+
+Grid search and the cost model are fitted on the train and val traces only; the test split is used for
+nothing but this comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from adaptive.config import ExperimentConfig
+from adaptive.cost_profile import CostProfile
+from adaptive.costmodel import expected_tokens, round_cost
+from adaptive.evaluation import PromptRecord, Summary, acceptance_rate, costmodel_depths, grid_search, play, summarise
+from adaptive.policy import DraftPolicy
+from adaptive.report import format_table
+from adaptive.traces import TraceSet
+
+LANGS = ("it", "en", "zh", "es")
+DEFAULT_STATIC = 4
+"""The untuned static depth the parameter gain is measured against."""
+
+
+def candidates(config: ExperimentConfig, profile: CostProfile, learned: list[str]) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
+    """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen."""
+    from envs.factory import default_traces
+    from envs.replay import ReplayBackend
+    from policies import make_policy
+    from policies.learned import load_policy
+
+    depth = config.env.max_depth
+    train, val = TraceSet.load(default_traces("train", config.pair)), TraceSet.load(default_traces("val", config.pair))
+    fitted: dict = {}
+    for name, traces in (("train", train), ("val", val)):
+        best, speeds = grid_search(ReplayBackend(traces, profile, depth), range(len(traces)), traces.langs, depth, config.env.decision_seconds)
+        fitted[f"grid_{name}"] = {"best": best, "speedups": speeds}
+    both = {g: (fitted["grid_train"]["speedups"][g] + fitted["grid_val"]["speedups"][g]) / 2 for g in range(1, depth + 1)}
+    fitted["grid_best"] = max(both, key=lambda g: (both[g], -g))
+    fitted["costmodel"] = costmodel_depths(train, profile, depth)
+    fitted["alpha_train"] = acceptance_rate(train)
+    fitted["model_speedups"] = {g: expected_tokens(fitted["alpha_train"], g) / round_cost(profile.c, dict(enumerate(profile.g)), g) for g in range(1, depth + 1)}
+    chosen: dict[str, Callable[[], DraftPolicy]] = {
+        f"grid search (static:{fitted['grid_best']})": lambda: make_policy(f"static:{fitted['grid_best']}"),
+        f"default static:{DEFAULT_STATIC}": lambda: make_policy(f"static:{DEFAULT_STATIC}"),
+        f"cost model iid (static:{fitted['costmodel']['iid']})": lambda: make_policy(f"static:{fitted['costmodel']['iid']}"),
+        f"cost model lengths (static:{fitted['costmodel']['lengths']})": lambda: make_policy(f"static:{fitted['costmodel']['lengths']}"),
+        "heuristic": lambda: make_policy("heuristic"),
+        "confidence:0.4": lambda: make_policy("confidence:0.4"),
+        "entropy:2": lambda: make_policy("entropy:2.0"),
+    }
+    for path in learned:
+        policy = load_policy(path, pair=config.pair)
+        chosen[f"learned ({Path(path).name})"] = lambda p=path: load_policy(p)
+        fitted.setdefault("learned", {})[path] = policy.metadata.get("config_digest")
+    return chosen, fitted
+
+
+def replay_comparison(config: ExperimentConfig, profile: CostProfile, policies: dict[str, Callable[[], DraftPolicy]], test: TraceSet) -> dict[str, list[PromptRecord]]:
+    """Every policy (and the oracle) on every test trace."""
+    from envs.replay import ReplayBackend
+    from policies.oracle import OraclePolicy
+
+    backend = ReplayBackend(test, profile, config.env.max_depth)
+    everyone = {**policies, "oracle (replay only)": lambda: OraclePolicy(backend)}
+    return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
+
+
+def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
+    """Plain decoding and every policy on the first test prompts per language, back to back per prompt."""
+    from adaptive.decoder import SpeculativeDecoder, generate_plain
+    from adaptive.pair import load_pair
+    from adaptive.workload import chat_ids, load_prompts
+
+    pair = load_pair(config.pair)
+    results: dict[str, list[dict]] = {"plain": [], **{name: [] for name in policies}}
+    warm = chat_ids(pair.tokenizer, "Hello")
+    generate_plain(pair.target, warm, 4)
+    for lang in LANGS:
+        for prompt in load_prompts("test", lang=lang)[:per_language]:
+            ids = chat_ids(pair.tokenizer, prompt["prompt"])
+            runs = {"plain": generate_plain(pair.target, ids, new_tokens)}
+            for name, factory in policies.items():
+                decoder = SpeculativeDecoder(pair.target, pair.draft, factory(), tokenizer=pair.tokenizer, max_depth=config.env.max_depth)
+                runs[name] = decoder.generate(ids, new_tokens)
+            for name, result in runs.items():
+                gaps = [r.total_time / r.emitted for r in result.rounds for _ in range(r.emitted)]
+                results[name].append({
+                    "lang": lang, "id": prompt["id"], "tokens": len(result.token_ids), "seconds": result.total_time,
+                    "rounds": len(result.rounds), "ttft": result.first_token_time, "gaps": gaps,
+                    "identical": result.token_ids == runs["plain"].token_ids,
+                })
+    return results
+
+
+def _live_summary(rows: list[dict], plain: list[dict]) -> dict:
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    plain_rate = sum(r["tokens"] for r in plain) / sum(r["seconds"] for r in plain)
+    gaps = np.array([g for r in rows for g in r["gaps"]])
+    return {
+        "tokens_per_second": tokens / seconds,
+        "speedup": tokens / seconds / plain_rate,
+        "tau": tokens / sum(r["rounds"] for r in rows),
+        "ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
+        "itl_ms": {f"p{q}": float(np.percentile(gaps, q) * 1e3) for q in (50, 95, 99)},
+        "seconds": seconds,
+        "identical": all(r["identical"] for r in rows),
+    }
+
+
+def _replay_table(records: dict[str, list[PromptRecord]], step_seconds: float) -> tuple[list[list], dict]:
+    rows, data = [], {}
+    for name, mine in records.items():
+        cells, data[name] = [name], {}
+        for lang in (*LANGS, "all"):
+            subset = [r for r in mine if lang in (r.lang, "all")]
+            s: Summary = summarise(subset, step_seconds)
+            data[name][lang] = s.__dict__
+            cells.append(f"{s.speedup:.3f}x [{s.low:.3f}, {s.high:.3f}]")
+        cells.append(f"{data[name]['all']['tau']:.2f}")
+        rows.append(cells)
+    return rows, data
+
+
+def evaluate(config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128) -> dict:
+    """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
+    from adaptive.tracking import Tracker
+    from envs.factory import default_traces
+
+    out.mkdir(parents=True, exist_ok=True)
+    profile = CostProfile.load(config.env.profile)
+    policies, fitted = candidates(config, profile, learned)
+    test = TraceSet.load(default_traces("test", config.pair))
+    replay = replay_comparison(config, profile, policies, test)
+    replay_rows, replay_data = _replay_table(replay, profile.target_step_ms / 1e3)
+    live = live_comparison(config, policies, live_per_language, new_tokens) if live_per_language else {}
+    live_data = {name: {lang: _live_summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live["plain"] if lang in (r["lang"], "all")])
+                        for lang in (*LANGS, "all")} for name, rows in live.items()}
+    result = {"fitted": fitted, "replay": replay_data, "live": live_data, "test_prompts": len(test), "live_per_language": live_per_language,
+              "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (out / "evaluation.json").write_text(json.dumps(result, indent=1))
+    report = _report(result, replay_rows, test)
+    (out / "report.md").write_text(report)
+    from adaptive.plots import plot_evaluation
+
+    plot_evaluation(result, out / "plots")
+    tracker = Tracker(config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, f"evaluate-{out.name}",
+                      config.to_dict(), out, job_type="evaluate")
+    tracker.log_table("replay_speedup", ["policy", *LANGS, "all", "tau"], replay_rows)
+    if live_data:
+        tracker.log_table("live_speedup", ["policy", *LANGS, "all"], [[n, *(round(d[lang]["speedup"], 4) for lang in (*LANGS, "all"))] for n, d in live_data.items()])
+    tracker.finish()
+    return result
+
+
+def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
+    fitted = result["fitted"]
+    lines = [
+        "# Evaluation",
+        "",
+        f"Test split: {result['test_prompts']} prompts (replay, greedy, exact acceptances, time from {result['profile']}); "
+        f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock.",
+        f"Grid search (replay, train and val traces, mean of both): static:{fitted['grid_best']}; "
+        f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}.",
+        "",
+        "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
+        "",
+        format_table(["policy", *LANGS, "all", "tau"], replay_rows),
+    ]
+    if result["live"]:
+        rows = []
+        for name, data in result["live"].items():
+            d = data["all"]
+            rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x", f"{d['tokens_per_second']:.1f}",
+                         f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
+                         "yes" if d["identical"] else "NO"])
+        lines += ["", "## Live: wall clock", "",
+                  format_table(["policy", *LANGS, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "= plain"], rows)]
+    lines += ["", "## Gains (replay, all languages)", ""]
+    replay = result["replay"]
+    grid = next(n for n in replay if n.startswith("grid search"))
+    default = next(n for n in replay if n.startswith("default static"))
+    lines.append(f"- parameter gain, grid search vs {default}: {replay[grid]['all']['speedup'] / replay[default]['all']['speedup'] - 1:+.1%}")
+    for name in replay:
+        if name.startswith("learned"):
+            lines.append(f"- adaptivity gain, {name} vs grid search: {replay[name]['all']['speedup'] / replay[grid]['all']['speedup'] - 1:+.1%}")
+            oracle = replay["oracle (replay only)"]["all"]["speedup"]
+            lines.append(f"- {name} reaches {replay[name]['all']['speedup'] / oracle:.1%} of the oracle")
+    shorter = [n for n in replay if replay[n]["all"]["speedup"] > replay[grid]["all"]["speedup"] and replay[n]["all"]["tau"] < replay[grid]["all"]["tau"]]
+    lines.append(f"- faster than grid search with a shorter τ: {', '.join(shorter) or 'none'}")
+    return "\n".join(lines) + "\n"
