@@ -1,0 +1,32 @@
+"""adaptive evaluate on the shipped traces of the default pair, replay only (bounded: about a minute)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adaptive.comparison import evaluate
+from adaptive.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(tmp_path):
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    config.tracking.wandb = "disabled"
+    result = evaluate(config, [], tmp_path, live_per_language=0)
+    replay = result["replay"]
+    grid = next(name for name in replay if name.startswith("grid search"))
+    oracle = replay["oracle (replay only)"]["all"]["speedup"]
+    assert all(oracle >= data["all"]["speedup"] - 1e-9 for data in replay.values())
+    assert all(data[lang]["low"] <= data[lang]["speedup"] <= data[lang]["high"] for data in replay.values() for lang in data)
+    assert result["fitted"]["grid_best"] in range(1, 9) and set(result["fitted"]["costmodel"]) == {"iid", "lengths"}
+    assert replay[grid]["all"]["speedup"] > 1.0  # the tuned static setting beats plain decoding in replay
+    report = (tmp_path / "report.md").read_text()
+    assert "parameter gain" in report and "oracle" in report
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup_replay.png", "static_depth.png"}
+    assert json.loads((tmp_path / "evaluation.json").read_text())["test_prompts"] == 185
