@@ -193,9 +193,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from adaptive.profiling import hardware_description, load_profile
-    from policies import make_policy
     from adaptive.recorder import record
     from adaptive.workload import chat_ids, load_prompts
+    from policies import make_policy
 
     if args.depth < 1 or args.max_new_tokens < 2:
         raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
@@ -240,6 +240,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train depth (and size) policies with PPO as an experiment config says; or resume a killed run."""
+    import json
     import time
 
     from adaptive.config import load_config
@@ -248,8 +249,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if bool(args.config) == bool(args.resume):
         raise ValueError("give either a CONFIG file or --resume RUN_DIR")
     if args.resume:
-        final = resume(args.resume)
         folder = Path(args.resume)
+        final = resume(folder)
     else:
         config = load_config(args.config)
         folder = Path(args.runs) / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -258,14 +259,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         latest = Path(args.runs) / f"{config.name}-latest"
         latest.unlink(missing_ok=True)
         latest.symlink_to(folder.name)
-    import json
-
+        print(f"{latest} now points to this run")
     evaluation = json.loads((folder / "evaluation.json").read_text())
     rows = [[name, f"{v['speedup']:.3f}x", v["tokens"], f"{v['seconds']:.2f}"] for name, v in evaluation.items()]
     print(format_table(["policy (evaluation env)", "speedup over plain", "tokens", "modelled seconds"], rows))
     print(f"policy: {final}   use it: adaptive generate --policy {folder} ...   plots: {folder / 'plots'}")
-    if not args.resume:
-        print(f"{latest} now points to this run")
     return 0
 
 

@@ -57,8 +57,8 @@ def candidates(config: ExperimentConfig, profile: CostProfile, learned: list[str
         "entropy:2": lambda: make_policy("entropy:2.0"),
     }
     for path in learned:
-        policy = load_policy(path, pair=config.pair)
-        chosen[f"learned ({Path(path).name})"] = lambda p=path: load_policy(p)
+        policy = load_policy(path, pair=config.pair)  # stateless between generations: one instance serves all
+        chosen[f"learned ({Path(path).name})"] = lambda p=policy: p
         fitted.setdefault("learned", {})[path] = policy.metadata.get("config_digest")
     return chosen, fitted
 

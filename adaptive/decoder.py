@@ -18,12 +18,9 @@ from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
 from adaptive.pair import check_compatible
-from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
+from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.sampling import GREEDY, SamplingConfig, check_logits, draft_features, sample, sampling_distribution
 from adaptive.verification import CorrectionRule, residual_correction, verify_block, verify_block_greedy
-
-RECENT_ROUNDS = 8
-"""How many recent accepted lengths a policy sees in :class:`DraftState`."""
 
 
 class Clock:
@@ -235,10 +232,9 @@ class SpeculativeDecoder:
             t0 = clock()
             verified = policy.verify_size(state) if state.depth else 0
             policy_time += clock() - t0
-            try:
-                stats = generation.verify(verified, policy_time)
-            except ValueError as error:
-                raise ValueError(f"policy {policy.name!r} asked to verify {verified} of {state.depth} drafted tokens") from error
+            if not _verifiable(verified, state.depth):
+                raise ValueError(f"policy {policy.name!r} asked to verify {verified} of {state.depth} drafted tokens")
+            stats = generation.verify(verified, policy_time)
             t0 = clock()
             policy.observe(stats)
             stats.policy_time += clock() - t0
@@ -268,7 +264,7 @@ class Generation:
 
     def _begin_round(self) -> None:
         self.max_depth = min(self.decoder.max_depth, self.output.remaining - 1)
-        self._drafted = _DraftedRound(self.max_depth)
+        self._drafted = _DraftedRound()
         self._deferred_logits: list[torch.Tensor] = []
 
     @property
@@ -324,7 +320,7 @@ class Generation:
         self.end_drafting()
         decoder, drafted, tokens = self.decoder, self._drafted, self.tokens
         steps = drafted.steps
-        if not 0 <= size <= len(steps) or (steps and size < 1):
+        if not _verifiable(size, len(steps)):
             raise ValueError(f"cannot verify {size} of {len(steps)} drafted tokens (allowed: 1..{len(steps)})")
         clock = decoder.clock
         verify_start = clock()
@@ -366,12 +362,16 @@ class Generation:
 class _DraftedRound:
     """What drafting produced: steps (with features), the sampled-from q rows, and its timings."""
 
-    max_depth: int
     steps: list[DraftStep] = field(default_factory=list)
     q_rows: list[torch.Tensor] = field(default_factory=list)
     """Draft distributions the tokens were drawn from (empty when greedy)."""
     draft_time: float = 0.0
     forward_time: float = 0.0
+
+
+def _verifiable(size: int, depth: int) -> bool:
+    """A round of ``depth`` drafted tokens verifies 1..depth of them (0 only when nothing was drafted)."""
+    return 0 <= size <= depth and (size >= 1 or depth == 0)
 
 
 _NO_FEATURES = (math.nan, math.nan, math.nan, math.nan)

@@ -44,15 +44,13 @@ class Summary:
 
 
 def play(backend, policy_factory: Callable[[], DraftPolicy], prompts: Sequence[int], langs: Sequence[str], decision_seconds: float) -> list[PromptRecord]:
-    """Generate every prompt with a fresh policy (replay backend); one record per prompt."""
+    """Generate every prompt with the policy (reset before each generation); one record per prompt."""
     from envs.rollout import run_policy
 
-    records = []
-    for prompt in prompts:
-        (episode,) = run_policy(backend, policy_factory(), [prompt], decision_seconds)
-        accepted = sum(c.accepted for c in episode.cycles)
-        records.append(PromptRecord(prompt, langs[prompt], episode.tokens, episode.seconds, len(episode.cycles), accepted))
-    return records
+    episodes = run_policy(backend, policy_factory(), prompts, decision_seconds)
+    return [
+        PromptRecord(e.prompt, langs[e.prompt], e.tokens, e.seconds, len(e.cycles), sum(c.accepted for c in e.cycles)) for e in episodes
+    ]
 
 
 def summarise(records: Sequence[PromptRecord], step_seconds: float, resamples: int = 1000, seed: int = 0) -> Summary:

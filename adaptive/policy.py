@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
+RECENT_ROUNDS = 8
+"""How many recent accepted lengths a policy sees in :class:`DraftState`."""
+
+
 @dataclass(frozen=True)
 class DraftStep:
     """What the draft model showed at one step (from its untempered softmax)."""

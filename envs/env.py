@@ -44,7 +44,7 @@ import numpy as np
 
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
 from envs.backend import Backend, Cycle
-from envs.schema import BOUND, ObservationBuilder, ObservationSchema
+from envs.schema import BOUND, RECENT, ObservationBuilder, ObservationSchema
 
 DECISIONS = ("depth", "size")
 EPISODES = ("cycle", "generation")
@@ -150,7 +150,7 @@ class SpecDecodeEnv(gym.Env):
     def draft_state(self) -> DraftState:
         """The decision-time state as the decoder would show it to a :class:`DraftPolicy`."""
         backend = self.backend
-        return DraftState(backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-8:]))
+        return DraftState(backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-RECENT:]))
 
     # --- internals -------------------------------------------------------------------------------------
 

@@ -23,9 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from adaptive.policy import RECENT_ROUNDS
+
 SCHEMA_NAME = "adaptive-draft/observation"
 SCHEMA_VERSION = 1
-RECENT = 8
+RECENT = RECENT_ROUNDS
+"""Recent accepted lengths in the observation: as many as the decoder shows a policy."""
 CONTEXT_SCALE = 4096.0
 NATS_SCALE = 10.0
 BOUND = 10.0

@@ -245,10 +245,8 @@ class TrainingRun:
     def finish(self) -> Path:
         """Export the final policy, evaluate it against static depths (and the oracle in replay), plot."""
         policy = self.current_policy()
-        nets = {d: export_sb3(m)[0] for d, m in self.models.items()}
-        layers = {d: export_sb3(m)[1] for d, m in self.models.items()}
         final = self.folder / "final"
-        save_policy(final, nets["depth"], self.metadata(layers), nets.get("size"))
+        save_policy(final, policy.depth_net, policy.metadata, policy.size_net)
         evaluation = evaluate(self.config, policy)
         (self.folder / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
         self.tracker.log_table("evaluation", ["policy", "speedup", "tokens", "seconds"], [[k, v["speedup"], v["tokens"], v["seconds"]] for k, v in evaluation.items()])
