@@ -115,6 +115,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
     from adaptive.profiling import profile_pair, save_profile
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     pair = _load_pair(args)
     contexts = tuple(int(x) for x in args.contexts.split(","))
     profile = profile_pair(
@@ -182,6 +186,34 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     evaluate(config, learned, out, args.live_per_language, args.max_new_tokens)
     print((out / "report.md").read_text())
     print(f"report, evaluation.json and plots in {out}")
+    return 0
+
+
+def cmd_retarget(args: argparse.Namespace) -> int:
+    """Evaluate a trained policy under another cost profile and re-train it briefly from its checkpoints."""
+    import time
+
+    import yaml
+
+    from policies.retarget import retarget
+
+    run = Path(args.run)
+    if not (run / "config.yaml").is_file() or not (run / "final").is_dir():
+        raise ValueError(f"{run} is not a finished training run folder (config.yaml and final/ expected)")
+    name = yaml.safe_load((run / "config.yaml").read_text())["name"]
+    out = Path(args.out or Path(args.runs) / f"{name}-retarget-{time.strftime('%Y%m%d-%H%M%S')}")
+    print(f"re-training into {out}")
+    result = retarget(run, args.profile, args.timesteps, out)
+    rows = [
+        ["old policy, old profile", f"{result['old_policy_on_old_profile']:.3f}x"],
+        ["old policy, new profile", f"{result['old_policy']:.3f}x"],
+        [f"re-trained ({args.timesteps} steps), new profile", f"{result['retrained_policy']:.3f}x"],
+        [f"best static ({result['best_static']['policy']}), new profile", f"{result['best_static']['speedup']:.3f}x"],
+        ["oracle, new profile", f"{result['oracle']:.3f}x"],
+    ]
+    print(f"replay on the val traces; new profile {args.profile} (old: {result['old_profile']})")
+    print(format_table(["policy", "speedup over plain"], rows))
+    print(f"re-training gain {result['retraining_gain']:+.1%}; written to {out / 'retarget.json'}; use it: --policy {out}")
     return 0
 
 
@@ -387,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--contexts", default="64,128,512", help="context lengths to measure at")
     prof.add_argument("--reference-context", type=int, default=128, help="context at which c and g are summarised")
     prof.add_argument("--repetitions", type=int, default=7)
+    prof.add_argument("--threads", type=int, help="torch CPU threads to measure with (default: torch's own choice)")
     prof.set_defaults(func=cmd_profile)
 
     trn = commands.add_parser("train", help="train draft policies with PPO from an experiment config")
@@ -403,6 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=128)
     ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
     ev.set_defaults(func=cmd_evaluate)
+
+    ret = commands.add_parser("retarget", help="re-evaluate a trained policy under another cost profile and re-train it briefly")
+    ret.add_argument("run", help="training run folder, e.g. runs/quickstart-latest")
+    ret.add_argument("--profile", required=True, help="the new cost profile (adaptive profile --out FILE)")
+    ret.add_argument("--timesteps", type=int, default=10_000, help="re-training steps per phase (default 10000)")
+    ret.add_argument("--runs", default="runs")
+    ret.add_argument("--out", help="run folder of the re-trained policy (default RUNS/NAME-retarget-DATE)")
+    ret.set_defaults(func=cmd_retarget)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     _add_pair_arguments(rec)

@@ -139,10 +139,15 @@ class ExperimentConfig:
     eval_episodes: int = 20
     """episodes on which the final policies and the baselines are compared after training"""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    init_from: str | None = None
+    """a run folder whose final checkpoints start training (retargeting: a short re-training on a new
+    profile); its network sizes are kept"""
 
     def validate(self) -> None:
         if not self.name or "/" in self.name:
             raise ConfigError(f"name must be a non-empty string without '/', got {self.name!r}")
+        if self.init_from is not None and not (Path(self.init_from) / "checkpoints").is_dir():
+            raise ConfigError(f"init_from must be a training run folder with checkpoints/, got {self.init_from!r}")
         _at_least("checkpoint_every", self.checkpoint_every, 1)
         _at_least("eval_episodes", self.eval_episodes, 1)
         self.env.validate("env")

@@ -130,3 +130,27 @@ def load_profile(path: str | Path) -> dict:
         if key not in profile:
             raise ValueError(f"{path} is not a cost profile: key {key!r} is missing")
     return profile
+
+
+def scaled_profile(profile: dict, verify_slope: float, draft_scale: float) -> dict:
+    """A what-if profile derived from a measured one: every extra verified token costs ``verify_slope``
+    times what it was measured to cost (a machine with more parallel compute), and every draft step
+    ``draft_scale`` times. Marked as derived in its ``hardware`` entry."""
+    if verify_slope < 0 or draft_scale <= 0:
+        raise ValueError(f"verify_slope must be >= 0 and draft_scale > 0, got {verify_slope} and {draft_scale}")
+    derived = json.loads(json.dumps(profile))
+    for ctx, row in derived["verify"].items():
+        base = profile["verify"][ctx]["1"]["median_ms"]
+        for n, point in row.items():
+            for key in ("median_ms", "p25_ms", "p75_ms"):
+                point[key] = base + verify_slope * (profile["verify"][ctx][n][key] - base)
+    for point in derived["draft_step"].values():
+        for key in ("median_ms", "p25_ms", "p75_ms"):
+            point[key] *= draft_scale
+    reference = derived["verify"][str(profile["reference_context"])]
+    step = reference["1"]["median_ms"]
+    derived["draft_step_ms"] = derived["draft_step"][str(profile["reference_context"])]["median_ms"]
+    derived["c"] = derived["draft_step_ms"] / step
+    derived["g"] = {str(gamma): reference[str(gamma + 1)]["median_ms"] / step for gamma in range(len(reference))}
+    derived["hardware"] = {**profile["hardware"], "what_if": f"derived: verify slope x{verify_slope:g}, draft step x{draft_scale:g}"}
+    return derived

@@ -76,9 +76,14 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
     return make_live_env(config.pair, env.split, env.profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds)
 
 
-def _ppo(config: PPOConfig, env: SpecDecodeEnv, seed: int) -> PPO:
+def _learning_rate(config: PPOConfig):
+    """SB3 learning rate: constant, or decaying linearly to 0 over the phase."""
     rate = config.learning_rate
-    schedule = (lambda progress: rate * progress) if config.lr_schedule == "linear" else rate
+    return (lambda progress: rate * progress) if config.lr_schedule == "linear" else rate
+
+
+def _ppo(config: PPOConfig, env: SpecDecodeEnv, seed: int) -> PPO:
+    schedule = _learning_rate(config)
     return PPO(
         "MlpPolicy",
         env,
@@ -95,6 +100,20 @@ def _ppo(config: PPOConfig, env: SpecDecodeEnv, seed: int) -> PPO:
         device="cpu",
         verbose=0,
     )
+
+
+def _load_ppo(config: PPOConfig, path: Path, env: SpecDecodeEnv) -> PPO:
+    """A trained model to continue from, with this config's optimisation settings and a fresh step count
+    (so a linear learning-rate schedule starts from its peak)."""
+    if not path.is_file():
+        raise ValueError(f"cannot initialise from {path}: no such checkpoint")
+    schedule = _learning_rate(config)
+    model = PPO.load(
+        path, env=env, device="cpu", learning_rate=schedule, n_steps=config.n_steps, batch_size=config.batch_size,
+        n_epochs=config.n_epochs, gamma=config.gamma, gae_lambda=config.gae_lambda, ent_coef=config.ent_coef,
+    )
+    model.num_timesteps = 0
+    return model
 
 
 class _Progress(BaseCallback):
@@ -233,6 +252,8 @@ class TrainingRun:
             env.reset(seed=self.config.seed + index)
             if phase.decision in self.models:
                 self.models[phase.decision].set_env(env)
+            elif self.config.init_from:
+                self.models[phase.decision] = _load_ppo(settings, Path(self.config.init_from) / "checkpoints" / f"{phase.decision}.zip", env)
             else:
                 self.models[phase.decision] = _ppo(settings, env, self.config.seed + index)
             done = start_done if index == start_phase else 0
