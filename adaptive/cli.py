@@ -183,7 +183,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     learned = args.policy or ([str(Path(args.runs) / f"{config.name}-latest")] if (Path(args.runs) / f"{config.name}-latest").exists() else [])
     out = Path(args.out or Path("evaluations") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    evaluate(config, learned, out, args.live_per_language, args.max_new_tokens)
+    evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language)
     print((out / "report.md").read_text())
     print(f"report, evaluation.json and plots in {out}")
     return 0
@@ -433,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--policy", action="append", help="learned policy run folder (repeatable; default RUNS/NAME-latest)")
     ev.add_argument("--runs", default="runs")
     ev.add_argument("--live-per-language", type=int, default=2, help="test prompts per language decoded live (0: replay only)")
+    ev.add_argument("--grid-live-per-language", type=int, default=1, help="val prompts per language on which grid search's 3 best depths are decoded live (0: choose in replay)")
     ev.add_argument("--max-new-tokens", type=int, default=128)
     ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
     ev.set_defaults(func=cmd_evaluate)

@@ -19,7 +19,18 @@ import numpy as np
 from adaptive.config import ExperimentConfig
 from adaptive.cost_profile import CostProfile
 from adaptive.costmodel import expected_tokens, round_cost
-from adaptive.evaluation import PromptRecord, Summary, acceptance_rate, costmodel_depths, grid_search, play, summarise
+from adaptive.evaluation import (
+    PromptRecord,
+    Summary,
+    accepted_histogram,
+    acceptance_rate,
+    choices,
+    costmodel_depths,
+    grid_search,
+    play,
+    summarise,
+)
+from adaptive.memory import PeakMemory
 from adaptive.policy import DraftPolicy
 from adaptive.report import format_table
 from adaptive.traces import TraceSet
@@ -27,10 +38,17 @@ from adaptive.traces import TraceSet
 LANGS = ("it", "en", "zh", "es")
 DEFAULT_STATIC = 4
 """The untuned static depth the parameter gain is measured against."""
+GRID_LIVE_FINALISTS = 3
+"""Static depths (best in replay) that grid search decodes live before choosing."""
 
 
-def candidates(config: ExperimentConfig, profile: CostProfile, learned: list[str]) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
-    """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen."""
+def candidates(
+    config: ExperimentConfig, profile: CostProfile, learned: list[str], grid_live_per_language: int = 0, new_tokens: int = 128
+) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
+    """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen.
+
+    Grid search ranks static depths in replay on the train and val traces; with ``grid_live_per_language``
+    the best few are then decoded live on val prompts and the fastest in wall clock is chosen."""
     from envs.factory import default_traces
     from envs.replay import ReplayBackend
     from policies import make_policy
@@ -43,7 +61,14 @@ def candidates(config: ExperimentConfig, profile: CostProfile, learned: list[str
         best, speeds = grid_search(ReplayBackend(traces, profile, depth), range(len(traces)), traces.langs, depth, config.env.decision_seconds)
         fitted[f"grid_{name}"] = {"best": best, "speedups": speeds}
     both = {g: (fitted["grid_train"]["speedups"][g] + fitted["grid_val"]["speedups"][g]) / 2 for g in range(1, depth + 1)}
-    fitted["grid_best"] = max(both, key=lambda g: (both[g], -g))
+    ranked = sorted(both, key=lambda g: (-both[g], g))
+    fitted["grid_replay_best"] = ranked[0]
+    if grid_live_per_language:
+        live = grid_live(config, sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens)
+        fitted["grid_live"] = live
+        fitted["grid_best"] = max(live, key=lambda g: (live[g], -g))
+    else:
+        fitted["grid_best"] = ranked[0]
     fitted["costmodel"] = costmodel_depths(train, profile, depth)
     fitted["alpha_train"] = acceptance_rate(train)
     fitted["model_speedups"] = {g: expected_tokens(fitted["alpha_train"], g) / round_cost(profile.c, dict(enumerate(profile.g)), g) for g in range(1, depth + 1)}
@@ -73,29 +98,67 @@ def replay_comparison(config: ExperimentConfig, profile: CostProfile, policies: 
     return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
 
 
+def _back_to_back(pair, ids: list[int], policies: dict[str, Callable[[], DraftPolicy]], max_depth: int, new_tokens: int) -> dict[str, tuple]:
+    """Plain decoding, then every policy, on one prompt: (GenerationResult, peak MiB) per name."""
+    from adaptive.decoder import SpeculativeDecoder, generate_plain
+
+    runs = {}
+    with PeakMemory(pair.target.device) as peak:
+        result = generate_plain(pair.target, ids, new_tokens)
+    runs["plain"] = (result, peak.mib)
+    for name, factory in policies.items():
+        decoder = SpeculativeDecoder(pair.target, pair.draft, factory(), tokenizer=pair.tokenizer, max_depth=max_depth)
+        with PeakMemory(pair.target.device) as peak:
+            result = decoder.generate(ids, new_tokens)
+        runs[name] = (result, peak.mib)
+    return runs
+
+
+def _warm_pair(name: str):
+    from adaptive.decoder import generate_plain
+    from adaptive.pair import load_pair
+    from adaptive.workload import chat_ids
+
+    pair = load_pair(name)
+    generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
+    return pair
+
+
+def grid_live(config: ExperimentConfig, depths: list[int], per_language: int, new_tokens: int) -> dict[int, float]:
+    """Live speedup over plain decoding of each static depth on the first val prompts per language."""
+    from adaptive.workload import chat_ids, load_prompts
+    from policies import make_policy
+
+    pair = _warm_pair(config.pair)
+    policies = {g: (lambda g=g: make_policy(f"static:{g}")) for g in depths}
+    tokens = {name: 0 for name in ("plain", *depths)}
+    seconds = dict.fromkeys(tokens, 0.0)
+    for lang in LANGS:
+        for prompt in load_prompts("val", lang=lang)[:per_language]:
+            runs = _back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), policies, config.env.max_depth, new_tokens)
+            for name, (result, _) in runs.items():
+                tokens[name] += len(result.token_ids)
+                seconds[name] += result.total_time
+    plain = tokens["plain"] / seconds["plain"]
+    return {g: tokens[g] / seconds[g] / plain for g in depths}
+
+
 def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
     """Plain decoding and every policy on the first test prompts per language, back to back per prompt."""
-    from adaptive.decoder import SpeculativeDecoder, generate_plain
-    from adaptive.pair import load_pair
     from adaptive.workload import chat_ids, load_prompts
 
-    pair = load_pair(config.pair)
+    pair = _warm_pair(config.pair)
     results: dict[str, list[dict]] = {"plain": [], **{name: [] for name in policies}}
-    warm = chat_ids(pair.tokenizer, "Hello")
-    generate_plain(pair.target, warm, 4)
     for lang in LANGS:
         for prompt in load_prompts("test", lang=lang)[:per_language]:
-            ids = chat_ids(pair.tokenizer, prompt["prompt"])
-            runs = {"plain": generate_plain(pair.target, ids, new_tokens)}
-            for name, factory in policies.items():
-                decoder = SpeculativeDecoder(pair.target, pair.draft, factory(), tokenizer=pair.tokenizer, max_depth=config.env.max_depth)
-                runs[name] = decoder.generate(ids, new_tokens)
-            for name, result in runs.items():
+            runs = _back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), policies, config.env.max_depth, new_tokens)
+            plain = runs["plain"][0].token_ids
+            for name, (result, peak) in runs.items():
                 gaps = [r.total_time / r.emitted for r in result.rounds for _ in range(r.emitted)]
                 results[name].append({
                     "lang": lang, "id": prompt["id"], "tokens": len(result.token_ids), "seconds": result.total_time,
                     "rounds": len(result.rounds), "ttft": result.first_token_time, "gaps": gaps,
-                    "identical": result.token_ids == runs["plain"].token_ids,
+                    "identical": result.token_ids == plain, "peak_mib": peak,
                 })
     return results
 
@@ -112,38 +175,42 @@ def _live_summary(rows: list[dict], plain: list[dict]) -> dict:
         "itl_ms": {f"p{q}": float(np.percentile(gaps, q) * 1e3) for q in (50, 95, 99)},
         "seconds": seconds,
         "identical": all(r["identical"] for r in rows),
+        "peak_mib": max((r["peak_mib"] for r in rows if r["peak_mib"] is not None), default=None),
     }
 
 
-def _replay_table(records: dict[str, list[PromptRecord]], step_seconds: float) -> tuple[list[list], dict]:
+def _replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
     rows, data = [], {}
     for name, mine in records.items():
         cells, data[name] = [name], {}
         for lang in (*LANGS, "all"):
             subset = [r for r in mine if lang in (r.lang, "all")]
             s: Summary = summarise(subset, step_seconds)
-            data[name][lang] = s.__dict__
+            data[name][lang] = {**s.__dict__, "accepted_hist": accepted_histogram(subset, max_depth)}
             cells.append(f"{s.speedup:.3f}x [{s.low:.3f}, {s.high:.3f}]")
         cells.append(f"{data[name]['all']['tau']:.2f}")
         rows.append(cells)
     return rows, data
 
 
-def evaluate(config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128) -> dict:
+def evaluate(
+    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1
+) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
     from adaptive.tracking import Tracker
     from envs.factory import default_traces
 
     out.mkdir(parents=True, exist_ok=True)
     profile = CostProfile.load(config.env.profile)
-    policies, fitted = candidates(config, profile, learned)
+    policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens)
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
-    replay_rows, replay_data = _replay_table(replay, profile.target_step_ms / 1e3)
+    replay_rows, replay_data = _replay_table(replay, profile.target_step_ms / 1e3, config.env.max_depth)
+    choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
     live = live_comparison(config, policies, live_per_language, new_tokens) if live_per_language else {}
     live_data = {name: {lang: _live_summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live["plain"] if lang in (r["lang"], "all")])
                         for lang in (*LANGS, "all")} for name, rows in live.items()}
-    result = {"fitted": fitted, "replay": replay_data, "live": live_data, "test_prompts": len(test), "live_per_language": live_per_language,
+    result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "test_prompts": len(test), "live_per_language": live_per_language,
               "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     report = _report(result, replay_rows, test)
@@ -167,8 +234,10 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
         "",
         f"Test split: {result['test_prompts']} prompts (replay, greedy, exact acceptances, time from {result['profile']}); "
         f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock.",
-        f"Grid search (replay, train and val traces, mean of both): static:{fitted['grid_best']}; "
-        f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}.",
+        f"Grid search: best in replay (train and val traces, mean of both) static:{fitted['grid_replay_best']}"
+        + (f"; live on val prompts ({', '.join(f'static:{g} {v:.2f}x' for g, v in fitted['grid_live'].items())}) chose static:{fitted['grid_best']}; "
+           if "grid_live" in fitted else "; ")
+        + f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}.",
         "",
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
         "",
@@ -180,9 +249,11 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
             d = data["all"]
             rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x", f"{d['tokens_per_second']:.1f}",
                          f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
-                         "yes" if d["identical"] else "NO"])
+                         f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
         lines += ["", "## Live: wall clock", "",
-                  format_table(["policy", *LANGS, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "= plain"], rows)]
+                  format_table(["policy", *LANGS, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
+                  "", "Peak MiB: the process's peak resident memory during the generation (both models included), "
+                  "or peak device memory on CUDA."]
     lines += ["", "## Gains (replay, all languages)", ""]
     replay = result["replay"]
     grid = next(n for n in replay if n.startswith("grid search"))

@@ -28,6 +28,8 @@ class PromptRecord:
     seconds: float
     rounds: int
     accepted: int
+    views: tuple = ()
+    """Per round: :class:`envs.rollout.RoundView` (position, first-step confidence, depth, accepted)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def play(backend, policy_factory: Callable[[], DraftPolicy], prompts: Sequence[i
 
     episodes = run_policy(backend, policy_factory(), prompts, decision_seconds)
     return [
-        PromptRecord(e.prompt, langs[e.prompt], e.tokens, e.seconds, len(e.cycles), sum(c.accepted for c in e.cycles)) for e in episodes
+        PromptRecord(e.prompt, langs[e.prompt], e.tokens, e.seconds, len(e.cycles), sum(c.accepted for c in e.cycles), e.views) for e in episodes
     ]
 
 
@@ -95,4 +97,34 @@ def costmodel_depths(traces: TraceSet, profile: CostProfile, max_depth: int) -> 
     return {
         "iid": optimal_gamma(acceptance_rate(traces), profile.c, g, max_depth).gamma,
         "lengths": optimal_gamma_from_lengths(np.minimum(traces.match, max_depth).tolist(), profile.c, g, max_depth).gamma,
+    }
+
+
+def accepted_histogram(records: Sequence[PromptRecord], max_depth: int) -> list[int]:
+    """Rounds by accepted length 0..max_depth."""
+    counts = np.zeros(max_depth + 1, dtype=int)
+    for record in records:
+        for view in record.views:
+            counts[view.accepted] += 1
+    return counts.tolist()
+
+
+def choices(records: Sequence[PromptRecord], bins: int = 10, position_width: int = 16) -> dict[str, list[dict]]:
+    """Mean depth drafted and tokens accepted per round, binned by the first draft step's top-1 probability
+    and by position in the generation: what a policy chose against what it saw."""
+    views = [v for r in records for v in r.views]
+
+    def binned(key, edges) -> list[dict]:
+        rows = []
+        for low, high in zip(edges[:-1], edges[1:]):
+            mine = [v for v in views if low <= key(v) < high or (high == edges[-1] and key(v) == high)]
+            if mine:
+                rows.append({"low": float(low), "high": float(high), "rounds": len(mine),
+                             "depth": float(np.mean([v.drafted for v in mine])), "accepted": float(np.mean([v.accepted for v in mine]))})
+        return rows
+
+    last = max((v.position for v in views), default=0)
+    return {
+        "confidence": binned(lambda v: v.first_top1, np.linspace(0.0, 1.0, bins + 1)),
+        "position": binned(lambda v: v.position, np.arange(0, last + position_width + 1, position_width)),
     }

@@ -1,5 +1,5 @@
 """Evaluation plots (PNG): speedup per policy and language; throughput against static depth with the cost
-model's curve over it."""
+model's curve over it; accepted-length histograms; what the learned policy chose against what it saw."""
 
 from __future__ import annotations
 
@@ -45,4 +45,47 @@ def plot_evaluation(result: dict, folder: Path) -> None:
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(folder / "static_depth.png", dpi=110)
+    plt.close(figure)
+    _plot_accepted_lengths(plt, result["replay"], folder / "accepted_lengths.png")
+    if result.get("choices"):
+        _plot_choices(plt, result["choices"], folder / "learned_choices.png")
+
+
+HISTOGRAM_POLICIES = ("grid search", "default static", "cost model iid", "entropy", "learned", "oracle")
+
+
+def _plot_accepted_lengths(plt, replay: dict, path: Path) -> None:
+    """Share of rounds by accepted length (all languages) for the main policies."""
+    names = [n for n in replay if n.startswith(HISTOGRAM_POLICIES)]
+    figure, axis = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        counts = replay[name]["all"]["accepted_hist"]
+        total = max(1, sum(counts))
+        axis.bar([x + i * width for x in range(len(counts))], [c / total for c in counts], width, label=f"{name} (tau {replay[name]['all']['tau']:.2f})")
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(counts))], [str(x) for x in range(len(counts))])
+    axis.set(xlabel="draft tokens accepted in the round", ylabel="share of rounds", title="accepted length per round (replay, test split)")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _plot_choices(plt, choices: dict, path: Path) -> None:
+    """Mean depth drafted (solid) and tokens accepted (dashed) per round, against the draft's first-step
+    confidence and the position in the generation."""
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for name, data in choices.items():
+        for axis, key in zip(axes, ("confidence", "position")):
+            rows = data[key]
+            x = [(r["low"] + r["high"]) / 2 for r in rows]
+            line, = axis.plot(x, [r["depth"] for r in rows], marker="o", label=f"{name}: depth")
+            axis.plot(x, [r["accepted"] for r in rows], linestyle="--", color=line.get_color(), label=f"{name}: accepted")
+    axes[0].set(xlabel="draft top-1 probability at the round's first step", ylabel="tokens per round", title="choice vs draft confidence")
+    axes[1].set(xlabel="tokens generated before the round", ylabel="tokens per round", title="choice vs position in the generation")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
     plt.close(figure)

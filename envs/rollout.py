@@ -11,6 +11,18 @@ from envs.env import DEFAULT_DECISION_SECONDS, SpecDecodeEnv
 
 
 @dataclass(frozen=True)
+class RoundView:
+    """What the policy saw when it ended a round, and what came of it."""
+
+    position: int
+    """Tokens generated before the round."""
+    first_top1: float
+    """The draft's top-1 probability at the round's first step (NaN for a round run without drafting)."""
+    drafted: int
+    accepted: int
+
+
+@dataclass(frozen=True)
 class Episode:
     """One generation played by a policy."""
 
@@ -18,6 +30,7 @@ class Episode:
     cycles: tuple[Cycle, ...]
     seconds: float
     """Draft + verify + policy seconds of all cycles."""
+    views: tuple[RoundView, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -40,10 +53,24 @@ def run_policy(
     episodes = []
     for prompt in prompts:
         env.reset(options={"prompt": prompt})
+        views: list[RoundView] = []
+        _view_new_cycles(env.episode_cycles, views, float("nan"))
         terminated = backend.done
         while not terminated:
-            action = int(policy.should_continue(env.draft_state()))
-            _, _, terminated, _, _ = env.step(action)
-        cycles = tuple(env.episode_cycles)
-        episodes.append(Episode(prompt, cycles, env.episode_seconds))
+            state = env.draft_state()
+            _, _, terminated, _, _ = env.step(int(policy.should_continue(state)))
+            _view_new_cycles(env.episode_cycles, views, state.steps[0].top1_prob if state.steps else float("nan"))
+        episodes.append(Episode(prompt, tuple(env.episode_cycles), env.episode_seconds, tuple(views)))
     return episodes
+
+
+def _view_new_cycles(cycles: list[Cycle], views: list[RoundView], confidence: float) -> None:
+    """Append a view of each cycle not yet viewed: the first is the round just decided (seen with
+    ``confidence``), later ones ran without a decision (cap 0)."""
+    if len(cycles) == len(views):
+        return
+    position = sum(c.emitted for c in cycles[: len(views)])
+    for cycle in cycles[len(views):]:
+        views.append(RoundView(position, confidence, cycle.drafted, cycle.accepted))
+        position += cycle.emitted
+        confidence = float("nan")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(tmp_path):
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     config.tracking.wandb = "disabled"
-    result = evaluate(config, [], tmp_path, live_per_language=0)
+    result = evaluate(config, [], tmp_path, live_per_language=0, grid_live_per_language=0)
     replay = result["replay"]
     grid = next(name for name in replay if name.startswith("grid search"))
     oracle = replay["oracle (replay only)"]["all"]["speedup"]
@@ -28,5 +28,22 @@ def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(t
     assert replay[grid]["all"]["speedup"] > 1.0  # the tuned static setting beats plain decoding in replay
     report = (tmp_path / "report.md").read_text()
     assert "parameter gain" in report and "oracle" in report
-    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup_replay.png", "static_depth.png"}
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup_replay.png", "static_depth.png", "accepted_lengths.png", "learned_choices.png"}
+    hist = {name: data["all"]["accepted_hist"] for name, data in replay.items()}
+    for name, data in replay.items():
+        assert sum(hist[name]) == sum(sum(data[lang]["accepted_hist"]) for lang in ("it", "en", "zh", "es"))
+        assert data["all"]["tau"] == pytest.approx(data["all"]["tokens"] / sum(hist[name]))
+    choices = result["choices"]
+    assert set(choices) == {grid, "oracle (replay only)"}
+    assert all(row["accepted"] <= row["depth"] <= result["fitted"]["grid_best"] for row in choices[grid]["confidence"])
+    oracle_bins = choices["oracle (replay only)"]["confidence"]
+    assert oracle_bins[-1]["accepted"] > oracle_bins[0]["accepted"]  # a confident draft is accepted for longer
     assert json.loads((tmp_path / "evaluation.json").read_text())["test_prompts"] == 185
+
+
+def test_grid_search_confirms_its_finalists_live_on_val_prompts():
+    from adaptive.comparison import grid_live
+
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    speedups = grid_live(config, [1, 3], per_language=1, new_tokens=12)
+    assert set(speedups) == {1, 3} and all(0.1 < v < 5.0 for v in speedups.values())
