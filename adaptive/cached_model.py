@@ -50,6 +50,29 @@ class CachedModel:
         self.length += len(token_ids)
         return output.logits[0]
 
+    @torch.inference_mode()
+    def forward_masked(self, token_ids: Sequence[int], positions: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
+        """Append ``token_ids`` at the given position ids under a custom additive attention ``mask``
+        ``[1, 1, n, length + n]`` (draft trees); return their logits ``[n, V]``."""
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        position_ids = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
+        output = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **{self.cache_keyword: self.cache})
+        self.length += len(token_ids)
+        return output.logits[0]
+
+    def keep(self, columns: Sequence[int]) -> None:
+        """Keep only the cache entries at ``columns`` (in that order): a tree's accepted path after its context."""
+        if any(not 0 <= c < self.length for c in columns):
+            raise ValueError(f"cache columns must lie in [0, {self.length}), got {list(columns)}")
+        if list(columns) == list(range(len(columns))):
+            self.rollback(len(columns))
+            return
+        index = torch.tensor(list(columns), dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+        self.length = len(columns)
+
     def rollback(self, length: int) -> None:
         """Discard cached entries past ``length`` (keep the first ``length`` tokens)."""
         if not 0 <= length <= self.length:

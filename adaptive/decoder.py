@@ -73,7 +73,7 @@ class GenerationResult:
         return sum(r.accepted for r in self.rounds) / verified if verified else 0.0
 
 
-def _prompt_ids(prompt: str | Sequence[int] | torch.Tensor, tokenizer) -> list[int]:
+def prompt_token_ids(prompt: str | Sequence[int] | torch.Tensor, tokenizer) -> list[int]:
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass tokenizer=... or token ids")
@@ -89,7 +89,7 @@ def _prompt_ids(prompt: str | Sequence[int] | torch.Tensor, tokenizer) -> list[i
     return [int(i) for i in ids]
 
 
-def _eos_ids(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+def eos_token_ids(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if eos_token_id is None:
         eos_token_id = getattr(model.generation_config, "eos_token_id", None)
     if eos_token_id is None:
@@ -99,7 +99,7 @@ def _eos_ids(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -
     return frozenset(int(i) for i in eos_token_id)
 
 
-class _Output:
+class TokenBudget:
     """Accumulates emitted tokens and decides when to stop."""
 
     def __init__(self, max_new_tokens: int, eos: frozenset[int]) -> None:
@@ -173,7 +173,7 @@ class SpeculativeDecoder:
         self.sampling = sampling
         self.tokenizer = tokenizer
         self.max_depth = max_depth
-        self.eos = _eos_ids(target, eos_token_id)
+        self.eos = eos_token_ids(target, eos_token_id)
         self.correction = correction
         self.clock = Clock(target.device)
         self.generator = torch.Generator(device=target.device)
@@ -185,8 +185,8 @@ class SpeculativeDecoder:
         seed: int | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``; return tokens, text and statistics."""
-        prompt_ids = _prompt_ids(prompt, self.tokenizer)
-        output = _Output(max_new_tokens, self.eos)
+        prompt_ids = prompt_token_ids(prompt, self.tokenizer)
+        output = TokenBudget(max_new_tokens, self.eos)
         start = self.clock()
         rounds: list[RoundStats] = []
         first_token_time = 0.0
@@ -206,13 +206,13 @@ class SpeculativeDecoder:
         seed: int | None = None,
     ) -> Iterator[RoundStats]:
         """Yield each round's statistics (``.tokens`` holds the emitted ids) as soon as it completes."""
-        yield from self._rounds(_prompt_ids(prompt, self.tokenizer), _Output(max_new_tokens, self.eos), seed)
+        yield from self._rounds(prompt_token_ids(prompt, self.tokenizer), TokenBudget(max_new_tokens, self.eos), seed)
 
     def start(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, seed: int | None = None) -> Generation:
         """Prefill and return a :class:`Generation` to advance step by step (no policy involved)."""
-        return Generation(self, _prompt_ids(prompt, self.tokenizer), _Output(max_new_tokens, self.eos), seed)
+        return Generation(self, prompt_token_ids(prompt, self.tokenizer), TokenBudget(max_new_tokens, self.eos), seed)
 
-    def _rounds(self, prompt_ids: list[int], output: _Output, seed: int | None) -> Iterator[RoundStats]:
+    def _rounds(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> Iterator[RoundStats]:
         """Run rounds, asking the policy, until ``output`` says stop."""
         clock, policy = self.clock, self.policy
         policy.reset()
@@ -248,7 +248,7 @@ class Generation:
     Creating it prefills both models with the prompt.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], output: _Output, seed: int | None) -> None:
+    def __init__(self, decoder: SpeculativeDecoder, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> None:
         self.decoder = decoder
         self.output = output
         self.tokens = list(prompt_ids)
@@ -407,9 +407,9 @@ def generate_plain(
     generator = torch.Generator(device=target.device)
     if seed is not None:
         generator.manual_seed(seed)
-    tokens = _prompt_ids(prompt, tokenizer)
+    tokens = prompt_token_ids(prompt, tokenizer)
     prompt_ids = list(tokens)
-    output = _Output(max_new_tokens, _eos_ids(target, eos_token_id))
+    output = TokenBudget(max_new_tokens, eos_token_ids(target, eos_token_id))
     start = clock()
     if len(tokens) > 1:
         model.forward(tokens[:-1])

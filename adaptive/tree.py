@@ -1,0 +1,134 @@
+"""Draft trees (EAGLE-2 style) for greedy speculative decoding: grow, select, mask, accept.
+
+A tree hangs below the last confirmed token (the root). Growing it one depth at a time expands the
+``width`` best frontier nodes (by cumulative draft log-probability) into their ``branching`` most probable
+children, with one batched draft forward per depth. Verification sends the ``size`` best nodes of the whole
+tree (an ancestor-closed set: a child never scores above its parent) to the target in one forward, each
+node seeing the context, its ancestors and itself. Greedy acceptance keeps the longest path whose tokens
+equal the target's arg-max at their parents. A tree with ``branching = width = 1`` is a chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a draft tree grows and how much of it is verified."""
+
+    branching: int = 4
+    """k: children of each expanded node."""
+    width: int = 4
+    """W: frontier nodes expanded per depth."""
+    size: int = 32
+    """V: most nodes sent to the target per round."""
+
+    def __post_init__(self) -> None:
+        for name in ("branching", "width", "size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"tree {name} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def parse(cls, spec: str) -> TreeShape:
+        """``"k,W,V"``, e.g. ``"4,4,32"``."""
+        try:
+            branching, width, size = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise ValueError(f"tree shape must be 'branching,width,size' (three integers, e.g. 4,4,32), got {spec!r}") from None
+        return cls(branching, width, size)
+
+
+@dataclass(frozen=True)
+class Node:
+    token: int
+    parent: int
+    """Index of the parent node, -1 below the root."""
+    depth: int
+    """1 for the root's children."""
+    score: float
+    """Cumulative draft log-probability of the path to this node."""
+    top1_prob: float
+    """Top-1 probability of the draft distribution this node was drawn from."""
+    entropy: float
+    """Entropy (nats) of that distribution."""
+    log_prob: float
+
+
+@dataclass
+class DraftTree:
+    """Nodes in creation order (parents before children) and the draft-cache slot of each fed node."""
+
+    nodes: list[Node] = field(default_factory=list)
+    slots: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        return self.nodes[-1].depth if self.nodes else 0
+
+    def add_children(self, parent: int, logits: torch.Tensor, branching: int) -> None:
+        """The ``branching`` most probable tokens of ``logits`` (one row) as children of ``parent``."""
+        log_probs = torch.log_softmax(logits.double(), dim=-1)
+        probs = log_probs.exp()
+        entropy = float(-(probs * torch.where(probs > 0, log_probs, 0.0)).sum())
+        top = torch.topk(log_probs, min(branching, int(torch.isfinite(log_probs).sum())))
+        top1 = float(probs.max())
+        base = self.nodes[parent].score if parent >= 0 else 0.0
+        depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
+        for log_prob, token in zip(top.values.tolist(), top.indices.tolist()):
+            self.nodes.append(Node(int(token), parent, depth, base + log_prob, top1, entropy, log_prob))
+
+    def frontier(self, width: int) -> list[int]:
+        """The ``width`` best nodes of the deepest level."""
+        deepest = [i for i, n in enumerate(self.nodes) if n.depth == self.depth]
+        return sorted(deepest, key=lambda i: -self.nodes[i].score)[:width]
+
+    def best_at(self, depth: int) -> Node:
+        return max((n for n in self.nodes if n.depth == depth), key=lambda n: n.score)
+
+    def ancestors(self, index: int) -> list[int]:
+        """Node indices from depth 1 down to ``index``'s parent."""
+        chain = []
+        parent = self.nodes[index].parent
+        while parent >= 0:
+            chain.append(parent)
+            parent = self.nodes[parent].parent
+        return chain[::-1]
+
+    def select(self, size: int) -> list[int]:
+        """The ``size`` best nodes, ancestor-closed, parents before children."""
+        order = sorted(range(len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
+        chosen = sorted(order[:size], key=lambda i: (self.nodes[i].depth, i))
+        kept = set(chosen)
+        if any(self.nodes[i].parent >= 0 and self.nodes[i].parent not in kept for i in chosen):
+            raise AssertionError("tree selection is not ancestor-closed")
+        return chosen
+
+
+def attention_mask(cached: int, visible: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive mask ``[1, 1, n, cached + n]`` for ``n`` new tokens after ``cached`` cache entries: new token
+    ``i`` sees the cache columns listed in ``visible[i]`` and itself; nothing else."""
+    n = len(visible)
+    allowed = torch.zeros(n, cached + n, dtype=torch.bool)
+    for row, columns in enumerate(visible):
+        allowed[row, list(columns)] = True
+        allowed[row, cached + row] = True
+    mask = torch.zeros(n, cached + n, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def accept_greedy(tree: DraftTree, selected: list[int], root_choice: int, node_choices: list[int]) -> list[int]:
+    """Indices (into ``tree.nodes``) of the longest selected path whose every token equals the target's
+    arg-max at its parent: ``root_choice`` below the root, ``node_choices[j]`` below ``selected[j]``."""
+    children: dict[int, dict[int, int]] = {}
+    for j, index in enumerate(selected):
+        children.setdefault(tree.nodes[index].parent, {})[tree.nodes[index].token] = j
+    path, parent, choice = [], -1, root_choice
+    while choice in children.get(parent, {}):
+        j = children[parent][choice]
+        path.append(selected[j])
+        parent, choice = selected[j], node_choices[j]
+    return path

@@ -1,0 +1,126 @@
+"""Draft trees: the tree attention mask against brute-force forwards per path, greedy output identical to
+plain greedy, a k=1 tree identical to the chain decoder, and cache compaction to the accepted path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaptive.cached_model import CachedModel
+from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask
+from adaptive.tree_decoder import TreeDecoder
+from policies import make_policy
+from conftest import tiny_llama
+
+PROMPT = [1, 5, 2, 9, 4, 4, 7]
+
+
+def _grown_tree(draft, context: list[int], shape: TreeShape, depth: int) -> DraftTree:
+    """A tree grown by the decoder's own expansion step below ``context``."""
+    decoder = TreeDecoder(draft, draft, make_policy("static:1"), shape)
+    tree = DraftTree()
+    tree.add_children(-1, decoder.draft.forward(context)[-1], shape.branching)
+    for _ in range(depth - 1):
+        decoder._grow(tree, len(context))
+    return tree
+
+
+def _last_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1]
+
+
+def test_tree_forward_matches_a_plain_forward_of_every_path(target):
+    """Every node's logits under the tree mask equal the logits of feeding context + its path plainly."""
+    context = PROMPT
+    tree = _grown_tree(target, context, TreeShape(3, 2, 64), depth=3)
+    selected = tree.select(len(tree.nodes))
+    model = CachedModel(target)
+    model.forward(context[:-1])
+    cached = model.length
+    visible = [list(range(cached))] + [list(range(len(context))) + [len(context) + selected.index(a) for a in tree.ancestors(i)] for i in selected]
+    positions = [cached] + [len(context) - 1 + tree.nodes[i].depth for i in selected]
+    logits = model.forward_masked([context[-1]] + [tree.nodes[i].token for i in selected], positions, attention_mask(cached, visible, torch.float64, target.device))
+    assert torch.allclose(logits[0], _last_logits(target, context), atol=1e-10)
+    for row, index in enumerate(selected, start=1):
+        path = [tree.nodes[a].token for a in tree.ancestors(index)] + [tree.nodes[index].token]
+        assert torch.allclose(logits[row], _last_logits(target, context + path), atol=1e-10), f"node {index}"
+
+
+def test_draft_growth_matches_plain_forwards(target):
+    """Children added at depth 3 come from the draft's logits at their parent's path, as if fed plainly."""
+    tree = _grown_tree(target, PROMPT, TreeShape(2, 2, 64), depth=3)
+    for index, node in enumerate(tree.nodes):
+        if node.depth == 3:
+            parent_path = [tree.nodes[a].token for a in tree.ancestors(index)]
+            expected = torch.log_softmax(_last_logits(target, PROMPT + parent_path), -1)[node.token]
+            assert node.log_prob == pytest.approx(float(expected), abs=1e-9)
+
+
+def test_selection_is_ancestor_closed_and_acceptance_follows_the_target_choices():
+    tree = DraftTree()
+    tree.add_children(-1, torch.tensor([0.0, 3.0, 2.0, -5.0]), 2)  # nodes 0 (token 1), 1 (token 2)
+    tree.add_children(0, torch.tensor([1.0, 0.0, 0.0, 4.0]), 2)  # nodes 2 (token 3), 3 (token 0)
+    selected = tree.select(3)
+    assert all(tree.nodes[i].parent in (-1, *selected) for i in selected)
+    assert accept_greedy(tree, tree.select(4), 1, [3, 7, 9, 9]) == [0, 2]
+    assert accept_greedy(tree, tree.select(4), 2, [3, 7, 9, 9]) == [1]
+    assert accept_greedy(tree, tree.select(4), 0, [3, 7, 9, 9]) == []
+
+
+@pytest.mark.parametrize("shape", [TreeShape(2, 2, 8), TreeShape(4, 3, 24), TreeShape(3, 4, 5), TreeShape(1, 1, 16)])
+@pytest.mark.parametrize("policy", ["static:3", "static:6", "entropy:1.0"])
+def test_greedy_tree_decoding_is_identical_to_plain_greedy(target, near_draft, far_draft, shape, policy):
+    plain = generate_plain(target, PROMPT, 40).token_ids
+    for draft in (near_draft, far_draft):
+        result = TreeDecoder(target, draft, make_policy(policy), shape, max_depth=6).generate(PROMPT, 40)
+        assert result.token_ids == plain
+        assert sum(r.emitted for r in result.rounds) == 40
+
+
+def test_a_k1_tree_is_the_chain_decoder(target, near_draft):
+    for depth in (1, 3, 5):
+        chain = SpeculativeDecoder(target, near_draft, make_policy(f"static:{depth}"), max_depth=8).generate(PROMPT, 48)
+        tree = TreeDecoder(target, near_draft, make_policy(f"static:{depth}"), TreeShape(1, 1, 64), max_depth=8).generate(PROMPT, 48)
+        assert tree.token_ids == chain.token_ids
+        assert [(r.drafted, r.verified, r.accepted, r.emitted) for r in tree.rounds] == [
+            (r.drafted, r.verified, r.accepted, r.emitted) for r in chain.rounds
+        ]
+
+
+def test_wider_trees_accept_more_with_a_poor_draft(target, far_draft):
+    def tau(shape: TreeShape) -> float:
+        return TreeDecoder(target, far_draft, make_policy("static:4"), shape, max_depth=4).generate(PROMPT, 64).mean_emitted
+
+    assert tau(TreeShape(4, 4, 40)) > tau(TreeShape(1, 1, 4))
+
+
+def test_caches_hold_only_context_and_accepted_path(target, near_draft):
+    decoder = TreeDecoder(target, near_draft, make_policy("static:4"), TreeShape(3, 3, 12), max_depth=4)
+    result = decoder.generate(PROMPT, 30)
+    confirmed = PROMPT + result.token_ids
+    assert decoder.target.length == len(confirmed) - 1
+    fresh = CachedModel(target)
+    fresh.forward(confirmed[:-1])
+    for kept, plain in zip(decoder.target.cache.layers, fresh.cache.layers, strict=True):
+        assert torch.allclose(kept.keys, plain.keys, atol=1e-10) and torch.allclose(kept.values, plain.values, atol=1e-10)
+
+
+def test_reduced_vocabulary_draft_and_eos(target, subset_draft):
+    plain = generate_plain(target, PROMPT, 30, eos_token_id=3)
+    tree = TreeDecoder(target, subset_draft, make_policy("static:3"), TreeShape(4, 2, 10), eos_token_id=3).generate(PROMPT, 30)
+    assert tree.token_ids == plain.token_ids and tree.stop_reason == plain.stop_reason
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="branching"):
+        TreeShape(0, 1, 1)
+    with pytest.raises(ValueError, match="k,W,V|branching,width,size"):
+        TreeShape.parse("4,4")
+
+
+def test_a_float32_pair_also_matches(tmp_path):
+    target32, draft32 = tiny_llama(3, dtype=torch.float32), tiny_llama(4, layers=1, dtype=torch.float32)
+    plain = generate_plain(target32, PROMPT, 24).token_ids
+    assert TreeDecoder(target32, draft32, make_policy("static:3"), TreeShape(3, 3, 12)).generate(PROMPT, 24).token_ids == plain
