@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from collections.abc import Sequence
@@ -307,12 +308,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     policy = make_policy(args.policy)
     pair = _load_pair(args)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
+    if args.tree:
+        from adaptive.tree import TreeShape
+        from adaptive.tree_decoder import TreeDecoder
+
+        if not sampling.is_greedy:
+            raise ValueError("--tree is greedy-only (exact multi-candidate verification for T > 0 is not implemented): drop --temperature or --tree")
+        shape = TreeShape.parse(args.tree)
+        tree = TreeDecoder(pair.target, pair.draft, policy, shape, tokenizer=pair.tokenizer, max_depth=args.max_depth)
+        run = tree.generate
+        mode = f"tree k={shape.branching} W={shape.width} V={shape.size}"
+    else:
+        chain = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
+        run = functools.partial(chain.generate, seed=args.seed)
+        mode = "chain"
     prompt = chat_ids(pair.tokenizer, args.prompt) if args.chat else args.prompt
     if args.warmup:
-        decoder.generate(prompt, max_new_tokens=min(8, args.max_new_tokens), seed=args.seed)
-    result = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    print(f"pair: {pair.name}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}\n")
+        run(prompt, min(8, args.max_new_tokens))
+    result = run(prompt, args.max_new_tokens)
+    print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}\n")
     print(f"{args.prompt}\n--> {result.text}\n")
     if not args.quiet_rounds:
         _print_rounds(result)
@@ -395,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1.0)")
     gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--max-depth", type=int, default=16, help="hard cap on drafted tokens per round")
+    gen.add_argument("--max-depth", type=int, default=16, help="hard cap on drafted tokens per round (tree depth with --tree)")
+    gen.add_argument("--tree", metavar="K,W,V", help="draft trees (greedy only): K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     gen.add_argument("--compare", action="store_true", help="also run plain target decoding and print the speedup")
