@@ -124,7 +124,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     contexts = tuple(int(x) for x in args.contexts.split(","))
     profile = profile_pair(
         pair.target, pair.draft, max_verify=args.max_verify, contexts=contexts,
-        reference_context=args.reference_context, repetitions=args.repetitions,
+        reference_context=args.reference_context, repetitions=args.repetitions, tree_mask=args.tree_mask,
     )
     profile["pair"] = pair.name
     save_profile(profile, args.out)
@@ -434,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--contexts", default="64,128,512", help="context lengths to measure at")
     prof.add_argument("--reference-context", type=int, default=128, help="context at which c and g are summarised")
     prof.add_argument("--repetitions", type=int, default=7)
+    prof.add_argument("--tree-mask", action="store_true", help="time verifications as tree decoding runs them (explicit tree attention mask)")
     prof.add_argument("--threads", type=int, help="torch CPU threads to measure with (default: torch's own choice)")
     prof.set_defaults(func=cmd_profile)
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import Clock
+from adaptive.tree import attention_mask
 
 
 def hardware_description(device: torch.device) -> dict[str, str | int]:
@@ -52,17 +53,29 @@ def _summary(seconds: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(seconds) * 1e3, "p25_ms": quartiles[0] * 1e3, "p75_ms": quartiles[2] * 1e3}
 
 
-def _time_forward(model: CachedModel, context: list[int], tokens: list[int], repetitions: int, clock: Clock) -> list[float]:
+def _feed(model: CachedModel, tokens: list[int], tree_mask: bool) -> None:
+    """One forward of ``tokens``; with ``tree_mask`` the way the tree decoder verifies (an explicit 4D mask,
+    built inside the timed region; its pattern does not change the cost of dense attention)."""
+    if not tree_mask:
+        model.forward(tokens)
+        return
+    cached = model.length
+    dtype = next(model.model.parameters()).dtype
+    mask = attention_mask(cached, [list(range(cached + i)) for i in range(len(tokens))], dtype, model.device)
+    model.forward_masked(tokens, range(cached, cached + len(tokens)), mask)
+
+
+def _time_forward(model: CachedModel, context: list[int], tokens: list[int], repetitions: int, clock: Clock, tree_mask: bool = False) -> list[float]:
     """Seconds of feeding ``tokens`` after a cached ``context``, rolled back after each repetition."""
     if model.length != len(context):
         model.reset()
         model.forward(context)
-    model.forward(tokens)  # warm-up at this shape
+    _feed(model, tokens, tree_mask)  # warm-up at this shape
     model.rollback(len(context))
     times = []
     for _ in range(repetitions):
         start = clock()
-        model.forward(tokens)
+        _feed(model, tokens, tree_mask)
         times.append(clock() - start)
         model.rollback(len(context))
     return times
@@ -77,6 +90,7 @@ def profile_pair(
     reference_context: int = 128,
     repetitions: int = 7,
     seed: int = 0,
+    tree_mask: bool = False,
 ) -> dict:
     """Measure the pair; returns the profile as a JSON-ready dict.
 
@@ -85,6 +99,7 @@ def profile_pair(
         contexts: context lengths (tokens already cached) to measure at.
         reference_context: the context at which ``c`` and ``g`` are summarised.
         repetitions: timed repetitions per point (after one warm-up).
+        tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask).
     """
     if reference_context not in contexts:
         raise ValueError(f"reference_context {reference_context} must be one of contexts {contexts}")
@@ -92,7 +107,8 @@ def profile_pair(
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     target_cache, draft_cache = CachedModel(target), CachedModel(draft)
-    result: dict = {"contexts": list(contexts), "reference_context": reference_context, "repetitions": repetitions}
+    result: dict = {"contexts": list(contexts), "reference_context": reference_context, "repetitions": repetitions,
+                    "verify_mask": "tree" if tree_mask else "causal"}
     result["draft_step"], result["verify"] = {}, {}
     work = [(ctx, n) for ctx in contexts for n in range(0, max_verify + 1)]
     with tqdm(total=len(work), desc="profile", unit="point") as progress:
@@ -103,7 +119,7 @@ def profile_pair(
             progress.update()
             result["verify"][str(ctx)] = {}
             for n in range(1, max_verify + 1):
-                times = _time_forward(target_cache, context, new[:n], repetitions, clock)
+                times = _time_forward(target_cache, context, new[:n], repetitions, clock, tree_mask)
                 result["verify"][str(ctx)][str(n)] = _summary(times)
                 progress.update()
     reference = result["verify"][str(reference_context)]

@@ -35,6 +35,8 @@ class Backend(ABC):
 
     num_prompts: int
     """How many distinct generations :meth:`start_prompt` can begin."""
+    tree: bool = False
+    """True when rounds grow draft trees (sizes count nodes, drafts count levels)."""
 
     def start(self, rng: np.random.Generator) -> None:
         """Begin a new generation, its prompt chosen with ``rng``."""
@@ -71,6 +73,19 @@ class Backend(ABC):
     @abstractmethod
     def verify(self, size: int) -> Cycle:
         """Verify the first ``size`` drafted tokens, emit, and start the next round."""
+
+    @property
+    def max_size(self) -> int:
+        """Largest verification size: drafted tokens of a chain (tree backends: nodes)."""
+        return self.max_depth
+
+    def verifiable(self, depth: int) -> int:
+        """Most tokens (tree: nodes) a round of ``depth`` drafted tokens (levels) can verify."""
+        return depth
+
+    def default_size(self, depth: int) -> int:
+        """The verification size when no size policy decides: everything drafted (tree: the shape's V)."""
+        return depth
 
     def close(self) -> None:
         """Release resources (nothing by default)."""

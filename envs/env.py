@@ -14,9 +14,11 @@ depth 3 is optimal), so use it for rollouts and evaluation, not for training.
   token. The first token of a round is always drafted (the decoder's contract), and a round that reaches
   its depth cap is verified without asking. The verification size comes from the frozen ``partner``
   policy (default: verify everything drafted).
-* ``"size"``: one action per round, after drafting, ``Discrete(max_depth)``: action a verifies a + 1 drafted
-  tokens (clipped to the depth drafted; ``info["clipped"]`` says when). The depth comes from the frozen
-  ``partner`` (default: draft to the cap). A round of depth 1 is verified without asking.
+* ``"size"``: one action per round, after drafting, ``Discrete(backend.max_size)``: action a verifies a + 1
+  drafted tokens — tree nodes on a tree backend — clipped to what the round can verify (``info["clipped"]``
+  says when). The depth comes from the frozen ``partner`` (default: draft to the cap). A round that can
+  verify only one token is verified without asking. In depth decisions on a tree backend, the size comes
+  from the partner only if it sizes trees (a policy trained there); otherwise it is the tree shape's V.
 
 **Reward**: the throughput of each draft-and-verify cycle, emitted tokens / (draft + verify + policy
 seconds), expressed in units of plain decoding — multiplied by the profiled seconds of one plain target
@@ -81,7 +83,7 @@ class SpecDecodeEnv(gym.Env):
         self.schema = ObservationSchema(backend.max_depth)
         self._builder = ObservationBuilder(self.schema, backend.c, backend.g)
         self.observation_space = gym.spaces.Box(-BOUND, BOUND, (self.schema.size,), np.float32)
-        self.action_space = gym.spaces.Discrete(2 if decision == "depth" else backend.max_depth)
+        self.action_space = gym.spaces.Discrete(2 if decision == "depth" else backend.max_size)
         self._steps: list[DraftStep] = []
         self._decisions = 0
         self._reward = 0.0
@@ -132,7 +134,7 @@ class SpecDecodeEnv(gym.Env):
                     return self._observation(), 0.0, False, False, self._info
             self._finish_round(self._partner_size())
         else:
-            size = min(action + 1, len(self._steps))
+            size = min(action + 1, self.backend.verifiable(len(self._steps)))
             self._finish_round(size)
             self._info["clipped"] = action + 1 != size
         if self.episode == "cycle":
@@ -181,7 +183,7 @@ class SpecDecodeEnv(gym.Env):
                 continue
             while len(self._steps) < backend.cap and self._partner_continues():
                 self._draft()
-            if len(self._steps) > 1:
+            if backend.verifiable(len(self._steps)) > 1:
                 return
             self._finish_round(1)
 
@@ -192,12 +194,16 @@ class SpecDecodeEnv(gym.Env):
         return bool(self.partner.should_continue(self.draft_state()))
 
     def _partner_size(self) -> int:
-        if self.partner is None:
-            return len(self._steps)
+        depth = len(self._steps)
+        sizes_trees = getattr(self.partner, "sizes_trees", False)
+        if self.partner is None or (self.backend.tree and not sizes_trees):
+            return self.backend.default_size(depth)  # no partner, or a chain policy's sizes on a tree backend
         self._decisions += 1
         size = int(self.partner.verify_size(self.draft_state()))
-        if not 1 <= size <= len(self._steps):
-            raise ValueError(f"partner {self.partner.name!r} asked to verify {size} of {len(self._steps)} drafted tokens")
+        if self.backend.tree:
+            return max(1, min(size, self.backend.verifiable(depth)))
+        if not 1 <= size <= depth:
+            raise ValueError(f"partner {self.partner.name!r} asked to verify {size} of {depth} drafted tokens")
         return size
 
     def _finish_round(self, size: int) -> None:

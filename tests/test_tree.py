@@ -124,3 +124,30 @@ def test_a_float32_pair_also_matches(tmp_path):
     target32, draft32 = tiny_llama(3, dtype=torch.float32), tiny_llama(4, layers=1, dtype=torch.float32)
     plain = generate_plain(target32, PROMPT, 24).token_ids
     assert TreeDecoder(target32, draft32, make_policy("static:3"), TreeShape(3, 3, 12)).generate(PROMPT, 24).token_ids == plain
+
+
+@pytest.mark.parametrize("shape,depth", [(TreeShape(2, 2, 6), 3), (TreeShape(3, 2, 12), 4), (TreeShape(1, 1, 8), 5)])
+def test_tree_replay_reproduces_live_tree_rounds(target, far_draft, shape, depth, tmp_path):
+    from conftest import flat_profile
+
+    from adaptive.tree_traces import TreeTraceSet, record_trees
+    from envs.rollout import run_policy
+    from envs.tree_replay import TreeReplayBackend
+
+    budget = 40
+    prompts = [PROMPT, [3, 3, 8, 1], [12, 0, 5, 5, 5, 9, 2, 2]]
+    outputs = [generate_plain(target, p, budget).token_ids for p in prompts]
+    rows = [{"id": f"p{i}", "lang": "en"} for i in range(len(prompts))]
+    traces = record_trees(far_draft, rows, prompts, outputs, shape, depth, {"max_new_tokens": budget})
+    traces.save(tmp_path / "trees.npz")
+    traces = TreeTraceSet.load(tmp_path / "trees.npz")
+    for size in (1, 3, shape.size):
+        backend = TreeReplayBackend(traces, flat_profile(), max_depth=depth, size=size)
+        for gamma in (1, 2, depth):
+            replayed = run_policy(backend, make_policy(f"static:{gamma}"), range(len(prompts)), 0.0)
+            for prompt, episode in zip(prompts, replayed, strict=True):
+                live = TreeDecoder(target, far_draft, make_policy(f"static:{gamma}"), TreeShape(shape.branching, shape.width, size), max_depth=depth)
+                rounds = live.generate(prompt, budget).rounds
+                assert [(c.drafted, c.verified, c.accepted, c.emitted) for c in episode.cycles] == [
+                    (r.drafted, r.verified, r.accepted, r.emitted) for r in rounds
+                ], (size, gamma)

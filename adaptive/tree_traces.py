@@ -1,0 +1,199 @@
+"""Greedy tree traces: per position, the draft tree the tree decoder would grow, for exact replay.
+
+Under greedy decoding every tree policy emits the target's greedy output y. At position t (context =
+prompt + y[:t]) the tree grown to depth D with shape (k, W) contains, for every smaller depth d, exactly
+the tree grown to d (growth only adds deeper nodes). A node is *on path* when its token equals y at its
+depth and its parent is on path. Verifying the best V nodes of the tree grown to depth d then accepts the
+longest run of on-path nodes, depth 1, 2, … that are all among those V — exactly what
+:class:`~adaptive.tree_decoder.TreeDecoder` accepts. Only time comes from a cost profile.
+
+Recording grows the trees of all positions of a prompt at once: one teacher-forced draft forward gives
+every position's depth-1 children; each further depth is one draft forward over every position's frontier,
+each node seeing its own context prefix of the shared cache and its ancestors (a flattened tree mask).
+
+Storage: one compressed ``.npz`` (no pickles); per position ``M = k + (D - 1)·W·k`` node slots (score
+-inf where the tree has fewer nodes), in creation order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from adaptive.cached_model import CachedModel
+from adaptive.tree import DraftTree, TreeShape
+
+TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/1"
+
+
+@dataclass
+class TreeTraceSet:
+    """Tree traces of many prompts for one pair, tree shape and depth D."""
+
+    prompt_ids: list[str]
+    langs: list[str]
+    prompt_lengths: np.ndarray
+    offsets: np.ndarray
+    """[P + 1] start of each prompt's positions in the flat arrays."""
+    outputs: np.ndarray
+    """[N] y of every prompt, back to back."""
+    score: np.ndarray
+    """[N, M] float64 cumulative draft log-probability of each node (-inf: no node)."""
+    parent: np.ndarray
+    """[N, M] int16 parent slot (-1 below the root)."""
+    depth: np.ndarray
+    """[N, M] int8 node depth (1 = the root's children)."""
+    on_path: np.ndarray
+    """[N, M] bool: the node continues y."""
+    features: np.ndarray
+    """[N, D, 3] float16 (top-1 probability, entropy, log-probability) of each depth's best node."""
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def shape(self) -> TreeShape:
+        """k and W as recorded, V the default verification size."""
+        return TreeShape(self.metadata["branching"], self.metadata["width"], self.metadata["size"])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.metadata["max_new_tokens"])
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(
+            path,
+            prompt_ids=np.array(self.prompt_ids, dtype=str),
+            langs=np.array(self.langs, dtype=str),
+            prompt_lengths=self.prompt_lengths.astype(np.int32),
+            offsets=self.offsets.astype(np.int64),
+            outputs=self.outputs.astype(np.int32),
+            score=self.score.astype(np.float64),
+            parent=self.parent.astype(np.int16),
+            depth=self.depth.astype(np.int8),
+            on_path=self.on_path,
+            features=self.features.astype(np.float16),
+            metadata=np.array(json.dumps({"format": TREE_TRACE_FORMAT, **self.metadata})),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> TreeTraceSet:
+        with np.load(path, allow_pickle=False) as data:
+            metadata = json.loads(str(data["metadata"]))
+            if metadata.get("format") != TREE_TRACE_FORMAT:
+                raise ValueError(f"{path} is not a tree trace file of format {TREE_TRACE_FORMAT} (found {metadata.get('format')!r})")
+            return cls(
+                data["prompt_ids"].tolist(), data["langs"].tolist(), data["prompt_lengths"], data["offsets"], data["outputs"],
+                data["score"], data["parent"].astype(np.int64), data["depth"].astype(np.int64), data["on_path"],
+                data["features"].astype(np.float32), metadata,
+            )
+
+
+def node_slots(shape: TreeShape, depth: int) -> int:
+    """M: nodes of a full tree of ``depth`` levels."""
+    return shape.branching + (depth - 1) * shape.width * shape.branching
+
+
+@torch.inference_mode()
+def grow_trees(draft: PreTrainedModel, prompt: list[int], output: list[int], shape: TreeShape, depth: int) -> list[DraftTree]:
+    """The tree the tree decoder grows to ``depth`` at every position of ``output`` (batched over positions)."""
+    p, n = len(prompt), len(output)
+    model = CachedModel(draft)
+    logits = model.forward(prompt + output)[p - 1 : p - 1 + n]
+    trees = [DraftTree() for _ in range(n)]
+    for t, tree in enumerate(trees):
+        tree.add_children(-1, logits[t], shape.branching)
+    dtype = next(draft.parameters()).dtype
+    for _ in range(depth - 1):
+        rows = [(t, i) for t, tree in enumerate(trees) for i in tree.frontier(shape.width)]
+        cached = model.length
+        allowed = torch.arange(cached + len(rows))[None, :] < torch.tensor([p + t for t, _ in rows])[:, None]
+        for row, (t, i) in enumerate(rows):
+            allowed[row, [trees[t].slots[a] for a in trees[t].ancestors(i)]] = True
+            allowed[row, cached + row] = True
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None].to(draft.device)
+        positions = [p + t - 1 + trees[t].nodes[i].depth for t, i in rows]
+        logits = model.forward_masked([trees[t].nodes[i].token for t, i in rows], positions, mask)
+        for row, (t, i) in enumerate(rows):
+            trees[t].slots[i] = cached + row
+        for row, (t, i) in enumerate(rows):
+            trees[t].add_children(i, logits[row], shape.branching)
+    return trees
+
+
+def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, depth: int) -> dict[str, np.ndarray]:
+    """Per-position node arrays and best-node features of grown trees (see :class:`TreeTraceSet`)."""
+    n, m = len(trees), node_slots(shape, depth)
+    arrays = {
+        "score": np.full((n, m), -np.inf, dtype=np.float64),
+        "parent": np.full((n, m), -1, dtype=np.int64),
+        "depth": np.zeros((n, m), dtype=np.int64),
+        "on_path": np.zeros((n, m), dtype=bool),
+        "features": np.zeros((n, depth, 3), dtype=np.float32),
+    }
+    for t, tree in enumerate(trees):
+        for j, node in enumerate(tree.nodes):
+            arrays["score"][t, j] = node.score
+            arrays["parent"][t, j] = node.parent
+            arrays["depth"][t, j] = node.depth
+            position = t + node.depth - 1
+            parent_ok = node.parent < 0 or arrays["on_path"][t, node.parent]
+            arrays["on_path"][t, j] = parent_ok and position < len(output) and node.token == output[position]
+        for d in range(1, tree.depth + 1):
+            best = tree.best_at(d)
+            arrays["features"][t, d - 1] = (best.top1_prob, best.entropy, best.log_prob)
+    return arrays
+
+
+def accepted_in_tree(score: np.ndarray, parent: np.ndarray, depth: np.ndarray, on_path: np.ndarray, drafted: int, size: int) -> int:
+    """Tokens accepted when the tree grown to ``drafted`` levels verifies its best ``size`` nodes (the same
+    selection as :meth:`DraftTree.select`)."""
+    candidates = [j for j in range(len(score)) if 0 < depth[j] <= drafted]
+    chosen = set(sorted(candidates, key=lambda j: (-score[j], depth[j], j))[:size])
+    accepted = 0
+    for j in sorted((j for j in candidates if on_path[j]), key=lambda j: depth[j]):
+        if j not in chosen:
+            break
+        accepted += 1
+    return accepted
+
+
+def record_trees(
+    draft: PreTrainedModel,
+    prompts: list[dict],
+    prompt_ids: list[list[int]],
+    outputs: list[list[int]],
+    shape: TreeShape,
+    depth: int,
+    metadata: dict,
+    progress=None,
+) -> TreeTraceSet:
+    """Tree traces of ``prompts`` (workload rows with ``id`` and ``lang``) along their greedy ``outputs``
+    (e.g. the outputs of the chain traces, which record and check them)."""
+    arrays: dict[str, list[np.ndarray]] = {}
+    for ids, output in zip(prompt_ids, outputs, strict=True):
+        for key, value in tree_arrays(grow_trees(draft, ids, output, shape, depth), output, shape, depth).items():
+            arrays.setdefault(key, []).append(value)
+        if progress is not None:
+            progress.update()
+    return TreeTraceSet(
+        prompt_ids=[p["id"] for p in prompts],
+        langs=[p.get("lang", "") for p in prompts],
+        prompt_lengths=np.array([len(ids) for ids in prompt_ids]),
+        offsets=np.cumsum([0] + [len(y) for y in outputs]),
+        outputs=np.concatenate([np.array(y, dtype=np.int32) for y in outputs]),
+        **{key: np.concatenate(value) for key, value in arrays.items()},
+        metadata={**metadata, "branching": shape.branching, "width": shape.width, "size": shape.size, "depth": depth},
+    )
