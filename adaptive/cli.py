@@ -184,7 +184,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     learned = args.policy or ([str(Path(args.runs) / f"{config.name}-latest")] if (Path(args.runs) / f"{config.name}-latest").exists() else [])
     out = Path(args.out or Path("evaluations") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language)
+    if config.env.tree:
+        from adaptive.tree_comparison import evaluate_trees
+
+        evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens)
+    else:
+        evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language)
     print((out / "report.md").read_text())
     print(f"report, evaluation.json and plots in {out}")
     return 0
@@ -218,6 +223,49 @@ def cmd_retarget(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record_trees(args: argparse.Namespace) -> int:
+    """Tree traces along the greedy outputs of a split's chain traces (which recorded and checked them)."""
+    import time
+
+    from tqdm import tqdm
+
+    from adaptive.profiling import hardware_description
+    from adaptive.traces import TraceSet
+    from adaptive.tree import TreeShape
+    from adaptive.tree_traces import record_trees
+    from adaptive.workload import chat_ids, load_prompts
+
+    if args.temperature > 0:
+        raise ValueError("--tree records greedy traces only (tree mode is greedy-only); drop --temperature")
+    shape = TreeShape.parse(args.tree)
+    pair = _load_pair(args)
+    name = args.pair or Path(args.draft).name
+    source = Path(args.outputs or f"data/traces/{name}-{args.split}.npz")
+    if source.suffix != ".npz":
+        raise ValueError(f"with --tree, --outputs must be the split's chain trace file (.npz) holding the greedy outputs, got {source}")
+    chain = TraceSet.load(source)
+    by_id = {p["id"]: p for p in load_prompts(args.split)}
+    keep = [i for i in range(len(chain)) if args.lang in (None, chain.langs[i])]
+    if args.per_language:
+        keep = [i for i in keep if sum(chain.langs[j] == chain.langs[i] for j in keep if j < i) < args.per_language]
+    keep = keep[: args.limit]
+    prompts = [by_id[chain.prompt_ids[i]] for i in keep]
+    ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
+    if any(len(x) != int(chain.prompt_lengths[i]) for x, i in zip(ids, keep)):
+        raise ValueError(f"{source} was recorded with other prompt tokens than this tokenizer gives")
+    outputs = [chain.output(i).tolist() for i in keep]
+    metadata = {"pair": name, "split": args.split, "outputs_from": str(source), "max_new_tokens": chain.max_new_tokens, "dtype": args.dtype,
+                "recorded_on": hardware_description(pair.target.device), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    start = time.perf_counter()
+    with tqdm(total=len(prompts), desc=f"record trees {args.split}", unit="prompt") as progress:
+        traces = record_trees(pair.draft, prompts, ids, outputs, shape, args.depth, metadata, progress)
+    out = Path(args.out or f"data/traces/{name}-{args.split}-tree.npz")
+    traces.save(out)
+    print(f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, k={shape.branching} W={shape.width} V={shape.size} depth {args.depth}, "
+          f"on-path nodes per position {traces.on_path.sum(axis=1).mean():.3f}, {time.perf_counter() - start:.0f} s -> {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     """Record greedy replay traces of a pair on a workload split."""
     import json
@@ -232,6 +280,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     if args.depth < 1 or args.max_new_tokens < 2:
         raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
+    if args.tree:
+        return _record_trees(args)
     pair = _load_pair(args)
     name = args.pair or Path(args.draft).name
     prompts = load_prompts(args.split, lang=args.lang)
@@ -446,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
     ev.add_argument("config", help="the experiment YAML the policies were trained with")
-    ev.add_argument("--policy", action="append", help="learned policy run folder (repeatable; default RUNS/NAME-latest)")
+    ev.add_argument("--policy", action="append", help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains")
     ev.add_argument("--runs", default="runs")
     ev.add_argument("--live-per-language", type=int, default=2, help="test prompts per language decoded live (0: replay only)")
     ev.add_argument("--grid-live-per-language", type=int, default=1, help="val prompts per language on which grid search's 3 best depths are decoded live (0: choose in replay)")
@@ -477,7 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--top-p", type=float, default=1.0)
     rec.add_argument("--seed", type=int, default=0, help="seed of the sampled outputs and drafts (T > 0)")
     rec.add_argument("--profile", help="cost profile to note in the metadata (default profiles/PAIR.json)")
-    rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz)")
+    rec.add_argument("--tree", metavar="K,W,V", help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
+                     "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels")
+    rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree)")
     rec.set_defaults(func=cmd_record)
 
     dist = commands.add_parser("distill", help="distil a draft from the default target on the workload corpus")

@@ -98,23 +98,32 @@ def replay_comparison(config: ExperimentConfig, profile: CostProfile, policies: 
     return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
 
 
-def _back_to_back(pair, ids: list[int], policies: dict[str, Callable[[], DraftPolicy]], max_depth: int, new_tokens: int) -> dict[str, tuple]:
-    """Plain decoding, then every policy, on one prompt: (GenerationResult, peak MiB) per name."""
-    from adaptive.decoder import SpeculativeDecoder, generate_plain
+def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:
+    """Factories of chain decoders, one per policy factory."""
+    from adaptive.decoder import SpeculativeDecoder
+
+    return {name: (lambda f=factory: SpeculativeDecoder(pair.target, pair.draft, f(), tokenizer=pair.tokenizer, max_depth=max_depth))
+            for name, factory in policies.items()}
+
+
+def back_to_back(pair, ids: list[int], decoders: dict[str, Callable[[], object]], new_tokens: int) -> dict[str, tuple]:
+    """Plain decoding, then every decoder (factories of objects with ``generate(ids, new_tokens)``), on one
+    prompt: (GenerationResult, peak MiB) per name."""
+    from adaptive.decoder import generate_plain
 
     runs = {}
     with PeakMemory(pair.target.device) as peak:
         result = generate_plain(pair.target, ids, new_tokens)
     runs["plain"] = (result, peak.mib)
-    for name, factory in policies.items():
-        decoder = SpeculativeDecoder(pair.target, pair.draft, factory(), tokenizer=pair.tokenizer, max_depth=max_depth)
+    for name, factory in decoders.items():
+        decoder = factory()
         with PeakMemory(pair.target.device) as peak:
             result = decoder.generate(ids, new_tokens)
         runs[name] = (result, peak.mib)
     return runs
 
 
-def _warm_pair(name: str):
+def warm_pair(name: str):
     from adaptive.decoder import generate_plain
     from adaptive.pair import load_pair
     from adaptive.workload import chat_ids
@@ -129,13 +138,13 @@ def grid_live(config: ExperimentConfig, depths: list[int], per_language: int, ne
     from adaptive.workload import chat_ids, load_prompts
     from policies import make_policy
 
-    pair = _warm_pair(config.pair)
+    pair = warm_pair(config.pair)
     policies = {g: (lambda g=g: make_policy(f"static:{g}")) for g in depths}
     tokens = {name: 0 for name in ("plain", *depths)}
     seconds = dict.fromkeys(tokens, 0.0)
     for lang in LANGS:
         for prompt in load_prompts("val", lang=lang)[:per_language]:
-            runs = _back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), policies, config.env.max_depth, new_tokens)
+            runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), chain_decoders(pair, policies, config.env.max_depth), new_tokens)
             for name, (result, _) in runs.items():
                 tokens[name] += len(result.token_ids)
                 seconds[name] += result.total_time
@@ -145,13 +154,19 @@ def grid_live(config: ExperimentConfig, depths: list[int], per_language: int, ne
 
 def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
     """Plain decoding and every policy on the first test prompts per language, back to back per prompt."""
+    pair = warm_pair(config.pair)
+    return live_rows(pair, chain_decoders(pair, policies, config.env.max_depth), per_language, new_tokens)
+
+
+def live_rows(pair, decoders: dict[str, Callable[[], object]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
+    """Per decoder and test prompt (the first ``per_language`` per language): tokens, time, rounds, TTFT,
+    inter-token gaps, identical-to-plain and peak memory."""
     from adaptive.workload import chat_ids, load_prompts
 
-    pair = _warm_pair(config.pair)
-    results: dict[str, list[dict]] = {"plain": [], **{name: [] for name in policies}}
+    results: dict[str, list[dict]] = {"plain": [], **{name: [] for name in decoders}}
     for lang in LANGS:
         for prompt in load_prompts("test", lang=lang)[:per_language]:
-            runs = _back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), policies, config.env.max_depth, new_tokens)
+            runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), decoders, new_tokens)
             plain = runs["plain"][0].token_ids
             for name, (result, peak) in runs.items():
                 gaps = [r.total_time / r.emitted for r in result.rounds for _ in range(r.emitted)]
@@ -179,7 +194,13 @@ def _live_summary(rows: list[dict], plain: list[dict]) -> dict:
     }
 
 
-def _replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
+def summarise_live(live: dict[str, list[dict]]) -> dict:
+    """Per decoder and language (and all): the live summary, speedups against the plain rows."""
+    return {name: {lang: _live_summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live["plain"] if lang in (r["lang"], "all")])
+                   for lang in (*LANGS, "all")} for name, rows in live.items()}
+
+
+def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
     rows, data = [], {}
     for name, mine in records.items():
         cells, data[name] = [name], {}
@@ -205,11 +226,10 @@ def evaluate(
     policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens)
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
-    replay_rows, replay_data = _replay_table(replay, profile.target_step_ms / 1e3, config.env.max_depth)
+    replay_rows, replay_data = replay_table(replay, profile.target_step_ms / 1e3, config.env.max_depth)
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
     live = live_comparison(config, policies, live_per_language, new_tokens) if live_per_language else {}
-    live_data = {name: {lang: _live_summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live["plain"] if lang in (r["lang"], "all")])
-                        for lang in (*LANGS, "all")} for name, rows in live.items()}
+    live_data = summarise_live(live)
     result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "test_prompts": len(test), "live_per_language": live_per_language,
               "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
@@ -225,6 +245,19 @@ def evaluate(
         tracker.log_table("live_speedup", ["policy", *LANGS, "all"], [[n, *(round(d[lang]["speedup"], 4) for lang in (*LANGS, "all"))] for n, d in live_data.items()])
     tracker.finish()
     return result
+
+
+def live_report(live: dict) -> list[str]:
+    """Markdown lines of the live table."""
+    rows = []
+    for name, data in live.items():
+        d = data["all"]
+        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x", f"{d['tokens_per_second']:.1f}",
+                     f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
+                     f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
+    return ["", "## Live: wall clock", "",
+            format_table(["policy", *LANGS, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
+            "", "Peak MiB: the process's peak resident memory during the generation (both models included), or peak device memory on CUDA."]
 
 
 def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
@@ -244,16 +277,7 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
         format_table(["policy", *LANGS, "all", "tau"], replay_rows),
     ]
     if result["live"]:
-        rows = []
-        for name, data in result["live"].items():
-            d = data["all"]
-            rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x", f"{d['tokens_per_second']:.1f}",
-                         f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
-                         f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
-        lines += ["", "## Live: wall clock", "",
-                  format_table(["policy", *LANGS, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
-                  "", "Peak MiB: the process's peak resident memory during the generation (both models included), "
-                  "or peak device memory on CUDA."]
+        lines += live_report(result["live"])
     lines += ["", "## Gains (replay, all languages)", ""]
     replay = result["replay"]
     grid = next(n for n in replay if n.startswith("grid search"))

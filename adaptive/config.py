@@ -44,6 +44,10 @@ class EnvConfig:
     """live: workload split"""
     temperature: float = 0.0
     """live: sampling temperature (replay is greedy)"""
+    tree: bool = False
+    """replay: grow draft trees (tree traces data/traces/PAIR-SPLIT-tree.npz, from adaptive record --tree)"""
+    tree_size: int = 8
+    """tree: verified nodes V when no size policy decides"""
 
     def validate(self, where: str) -> None:
         _one_of(f"{where}.backend", self.backend, ("replay", "synthetic", "live"))
@@ -61,6 +65,9 @@ class EnvConfig:
         _at_least(f"{where}.max_new_tokens", self.max_new_tokens, 2)
         _one_of(f"{where}.split", self.split, ("train", "val", "test"))
         _at_least(f"{where}.temperature", self.temperature, 0.0)
+        _at_least(f"{where}.tree_size", self.tree_size, 1)
+        if self.tree and self.backend != "replay":
+            raise ConfigError(f"{where}.tree needs {where}.backend replay (tree mode is greedy-only and replayed from tree traces), got {self.backend!r}")
 
 
 @dataclass

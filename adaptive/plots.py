@@ -16,22 +16,8 @@ def plot_evaluation(result: dict, folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     for mode in ("replay", "live"):
-        data = result.get(mode) or {}
-        if not data:
-            continue
-        names = list(data)
-        figure, axis = plt.subplots(figsize=(14, 4.5))
-        width = 0.8 / len(names)
-        for i, name in enumerate(names):
-            values = [data[name][lang]["speedup"] for lang in LANGS]
-            axis.bar([x + i * width for x in range(len(LANGS))], values, width, label=name)
-        axis.axhline(1.0, color="black", linewidth=0.8)
-        axis.set_xticks([x + 0.4 - width / 2 for x in range(len(LANGS))], LANGS)
-        axis.set(ylabel="speedup over plain decoding", title=f"{mode}: speedup per policy and language (test split)")
-        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        figure.tight_layout()
-        figure.savefig(folder / f"speedup_{mode}.png", dpi=110)
-        plt.close(figure)
+        if result.get(mode):
+            plot_speedups(result[mode], folder / f"speedup_{mode}.png", f"{mode}: speedup per policy and language (test split)")
     fitted = result["fitted"]
     figure, axis = plt.subplots(figsize=(6.5, 4.2))
     for split in ("train", "val"):
@@ -49,6 +35,28 @@ def plot_evaluation(result: dict, folder: Path) -> None:
     _plot_accepted_lengths(plt, result["replay"], folder / "accepted_lengths.png")
     if result.get("choices"):
         _plot_choices(plt, result["choices"], folder / "learned_choices.png")
+
+
+def plot_speedups(data: dict, path: Path, title: str) -> None:
+    """Grouped bars: speedup over plain decoding per policy (``data[name][lang]["speedup"]``) and language."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(data)
+    figure, axis = plt.subplots(figsize=(14, 4.5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        axis.bar([x + i * width for x in range(len(LANGS))], [data[name][lang]["speedup"] for lang in LANGS], width, label=name)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(LANGS))], LANGS)
+    axis.set(ylabel="speedup over plain decoding", title=title)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 HISTOGRAM_POLICIES = ("grid search", "default static", "cost model iid", "entropy", "learned", "oracle")

@@ -70,15 +70,15 @@ class DraftTree:
 
     def add_children(self, parent: int, logits: torch.Tensor, branching: int) -> None:
         """The ``branching`` most probable tokens of ``logits`` (one row) as children of ``parent``."""
-        log_probs = torch.log_softmax(logits.double(), dim=-1)
-        probs = log_probs.exp()
-        entropy = float(-(probs * torch.where(probs > 0, log_probs, 0.0)).sum())
-        top = torch.topk(log_probs, min(branching, int(torch.isfinite(log_probs).sum())))
-        top1 = float(probs.max())
+        self.add_ranked(parent, *(column[0] for column in rank_children(logits[None], branching)))
+
+    def add_ranked(self, parent: int, tokens: list[int], log_probs: list[float], top1: float, entropy: float) -> None:
+        """Children of ``parent`` from :func:`rank_children` output (one row)."""
         base = self.nodes[parent].score if parent >= 0 else 0.0
         depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
-        for log_prob, token in zip(top.values.tolist(), top.indices.tolist()):
-            self.nodes.append(Node(int(token), parent, depth, base + log_prob, top1, entropy, log_prob))
+        for token, log_prob in zip(tokens, log_probs):
+            if log_prob > -float("inf"):  # a reduced-vocabulary draft gives q = 0 outside its head
+                self.nodes.append(Node(int(token), parent, depth, base + log_prob, top1, entropy, log_prob))
 
     def frontier(self, width: int) -> list[int]:
         """The ``width`` best nodes of the deepest level."""
@@ -105,6 +105,21 @@ class DraftTree:
         if any(self.nodes[i].parent >= 0 and self.nodes[i].parent not in kept for i in chosen):
             raise AssertionError("tree selection is not ancestor-closed")
         return chosen
+
+
+def rank_children(logits: torch.Tensor, branching: int, chunk: int = 32) -> tuple[list[list[int]], list[list[float]], list[float], list[float]]:
+    """For ``[R, V]`` draft logits: per row the ``branching`` most probable tokens, their log-probabilities
+    (float64), the top-1 probability and the entropy in nats (``chunk`` rows at a time, to stay in cache)."""
+    tokens, values, top1, entropy = [], [], [], []
+    for rows in logits.split(chunk):
+        log_probs = torch.log_softmax(rows.double(), dim=-1)
+        probs = log_probs.exp()
+        entropy += (-(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)).tolist()
+        top = torch.topk(log_probs, branching, dim=-1)
+        tokens += top.indices.tolist()
+        values += top.values.tolist()
+        top1 += probs.max(dim=-1).values.tolist()
+    return tokens, values, top1, entropy
 
 
 def attention_mask(cached: int, visible: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -22,7 +22,7 @@ from adaptive.decoder import Clock, GenerationResult, TokenBudget, eos_token_ids
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.sampling import check_logits
-from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask
+from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, rank_children
 
 
 class TreeDecoder:
@@ -31,8 +31,9 @@ class TreeDecoder:
     Args:
         target, draft: causal LMs sharing a tokenizer (the draft may have a reduced output vocabulary).
         policy: its ``should_continue`` decides when to stop growing the tree (it sees the best node of
-            each depth as that depth's step); ``reset``/``observe`` are called as in the chain decoder.
-        shape: branching k, width W and verified nodes V.
+            each depth as that depth's step); a policy whose ``sizes_trees`` is true (trained on tree
+            traces) also picks V; ``reset``/``observe`` are called as in the chain decoder.
+        shape: branching k, width W and verified nodes V (the default V).
         max_depth: hard cap on tree depth per round.
     """
 
@@ -99,8 +100,13 @@ class TreeDecoder:
                 self._grow(tree, context)
                 steps.append(_step(tree.best_at(tree.depth)))
         draft_time = clock() - t0 - policy_time
+        size = shape.size
+        if getattr(self.policy, "sizes_trees", False) and tree.nodes:
+            t1 = clock()
+            size = max(1, self.policy.verify_size(DraftState(context, tuple(steps), cap, tuple(recent))))
+            policy_time += clock() - t1
         t0 = clock()
-        selected = tree.select(shape.size) if tree.nodes else []
+        selected = tree.select(size) if tree.nodes else []
         pending = tokens[self.target.length :]
         cached = self.target.length
         visible = [list(range(cached + i)) for i in range(len(pending))]
@@ -137,8 +143,9 @@ class TreeDecoder:
         self._forward_time += self.clock() - t0
         for row, index in enumerate(frontier):
             tree.slots[index] = cached + row
+        ranked = rank_children(logits, self.shape.branching)
         for row, index in enumerate(frontier):
-            tree.add_children(index, logits[row], self.shape.branching)
+            tree.add_ranked(index, *(column[row] for column in ranked))
 
 
 def _step(node) -> DraftStep:

@@ -11,8 +11,9 @@ Recording grows the trees of all positions of a prompt at once: one teacher-forc
 every position's depth-1 children; each further depth is one draft forward over every position's frontier,
 each node seeing its own context prefix of the shared cache and its ancestors (a flattened tree mask).
 
-Storage: one compressed ``.npz`` (no pickles); per position ``M = k + (D - 1)·W·k`` node slots (score
--inf where the tree has fewer nodes), in creation order.
+Storage: one compressed ``.npz`` (no pickles); per position ``M = k + (D - 1)·W·k`` node slots in creation
+order (depth 0 where the tree has fewer nodes), each with its depth, on-path flag and rank in the
+verification order — the only use replay has for the draft's scores (tokens are not needed either).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.tree import DraftTree, TreeShape
+from adaptive.tree import DraftTree, TreeShape, rank_children
 
 TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/1"
 
@@ -42,12 +43,11 @@ class TreeTraceSet:
     """[P + 1] start of each prompt's positions in the flat arrays."""
     outputs: np.ndarray
     """[N] y of every prompt, back to back."""
-    score: np.ndarray
-    """[N, M] float64 cumulative draft log-probability of each node (-inf: no node)."""
-    parent: np.ndarray
-    """[N, M] int16 parent slot (-1 below the root)."""
+    rank: np.ndarray
+    """[N, M] int8 place of each node in the tree's verification order (best cumulative draft
+    log-probability first, ties: shallower, then older); all replay needs of the scores."""
     depth: np.ndarray
-    """[N, M] int8 node depth (1 = the root's children)."""
+    """[N, M] int8 node depth (1 = the root's children; 0: no node)."""
     on_path: np.ndarray
     """[N, M] bool: the node continues y."""
     features: np.ndarray
@@ -80,13 +80,18 @@ class TreeTraceSet:
             prompt_lengths=self.prompt_lengths.astype(np.int32),
             offsets=self.offsets.astype(np.int64),
             outputs=self.outputs.astype(np.int32),
-            score=self.score.astype(np.float64),
-            parent=self.parent.astype(np.int16),
+            rank=self.rank.astype(np.int8),
             depth=self.depth.astype(np.int8),
             on_path=self.on_path,
             features=self.features.astype(np.float16),
             metadata=np.array(json.dumps({"format": TREE_TRACE_FORMAT, **self.metadata})),
         )
+
+    @staticmethod
+    def read_metadata(path: str | Path) -> dict:
+        """The metadata of a tree trace file, without loading its arrays."""
+        with np.load(path, allow_pickle=False) as data:
+            return json.loads(str(data["metadata"]))
 
     @classmethod
     def load(cls, path: str | Path) -> TreeTraceSet:
@@ -96,7 +101,7 @@ class TreeTraceSet:
                 raise ValueError(f"{path} is not a tree trace file of format {TREE_TRACE_FORMAT} (found {metadata.get('format')!r})")
             return cls(
                 data["prompt_ids"].tolist(), data["langs"].tolist(), data["prompt_lengths"], data["offsets"], data["outputs"],
-                data["score"], data["parent"].astype(np.int64), data["depth"].astype(np.int64), data["on_path"],
+                data["rank"].astype(np.int64), data["depth"].astype(np.int64), data["on_path"],
                 data["features"].astype(np.float32), metadata,
             )
 
@@ -113,8 +118,9 @@ def grow_trees(draft: PreTrainedModel, prompt: list[int], output: list[int], sha
     model = CachedModel(draft)
     logits = model.forward(prompt + output)[p - 1 : p - 1 + n]
     trees = [DraftTree() for _ in range(n)]
+    ranked = rank_children(logits, shape.branching)
     for t, tree in enumerate(trees):
-        tree.add_children(-1, logits[t], shape.branching)
+        tree.add_ranked(-1, *(column[t] for column in ranked))
     dtype = next(draft.parameters()).dtype
     for _ in range(depth - 1):
         rows = [(t, i) for t, tree in enumerate(trees) for i in tree.frontier(shape.width)]
@@ -128,25 +134,28 @@ def grow_trees(draft: PreTrainedModel, prompt: list[int], output: list[int], sha
         logits = model.forward_masked([trees[t].nodes[i].token for t, i in rows], positions, mask)
         for row, (t, i) in enumerate(rows):
             trees[t].slots[i] = cached + row
+        ranked = rank_children(logits, shape.branching)
         for row, (t, i) in enumerate(rows):
-            trees[t].add_children(i, logits[row], shape.branching)
+            trees[t].add_ranked(i, *(column[row] for column in ranked))
     return trees
 
 
 def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, depth: int) -> dict[str, np.ndarray]:
     """Per-position node arrays and best-node features of grown trees (see :class:`TreeTraceSet`)."""
     n, m = len(trees), node_slots(shape, depth)
+    if m > 127:
+        raise ValueError(f"a tree of {m} nodes does not fit the int8 ranks of the trace format; use fewer levels or a narrower shape")
     arrays = {
-        "score": np.full((n, m), -np.inf, dtype=np.float64),
-        "parent": np.full((n, m), -1, dtype=np.int64),
+        "rank": np.full((n, m), m, dtype=np.int64),
         "depth": np.zeros((n, m), dtype=np.int64),
         "on_path": np.zeros((n, m), dtype=bool),
         "features": np.zeros((n, depth, 3), dtype=np.float32),
     }
     for t, tree in enumerate(trees):
-        for j, node in enumerate(tree.nodes):
-            arrays["score"][t, j] = node.score
-            arrays["parent"][t, j] = node.parent
+        nodes = tree.nodes
+        for place, j in enumerate(sorted(range(len(nodes)), key=lambda j: (-nodes[j].score, nodes[j].depth, j))):
+            arrays["rank"][t, j] = place
+        for j, node in enumerate(nodes):
             arrays["depth"][t, j] = node.depth
             position = t + node.depth - 1
             parent_ok = node.parent < 0 or arrays["on_path"][t, node.parent]
@@ -157,14 +166,18 @@ def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, dep
     return arrays
 
 
-def accepted_in_tree(score: np.ndarray, parent: np.ndarray, depth: np.ndarray, on_path: np.ndarray, drafted: int, size: int) -> int:
+def accepted_in_tree(rank: np.ndarray, depth: np.ndarray, on_path: np.ndarray, drafted: int, size: int) -> int:
     """Tokens accepted when the tree grown to ``drafted`` levels verifies its best ``size`` nodes (the same
-    selection as :meth:`DraftTree.select`)."""
-    candidates = [j for j in range(len(score)) if 0 < depth[j] <= drafted]
-    chosen = set(sorted(candidates, key=lambda j: (-score[j], depth[j], j))[:size])
+    selection as :meth:`DraftTree.select`: the global verification order restricted to those levels)."""
+    grown = (depth > 0) & (depth <= drafted)
+    chosen = np.zeros(len(rank), dtype=bool)
+    candidates = np.flatnonzero(grown)
+    chosen[candidates[np.argsort(rank[candidates])[:size]]] = True
+    path = np.flatnonzero(on_path & grown)
+    path = path[np.argsort(depth[path])]
     accepted = 0
-    for j in sorted((j for j in candidates if on_path[j]), key=lambda j: depth[j]):
-        if j not in chosen:
+    for j in path:
+        if not chosen[j]:
             break
         accepted += 1
     return accepted

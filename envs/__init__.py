@@ -4,6 +4,7 @@
 ``gymnasium.make`` knows them by id once this package is imported:
 
 * ``adaptive/SpecDecode-Replay-v0``: shipped (or given) traces + cost profile; kwargs of :func:`make_replay_env`
+* ``adaptive/SpecDecode-TreeReplay-v0``: shipped (or given) tree traces + cost profile; kwargs of :func:`make_tree_replay_env`
 * ``adaptive/SpecDecode-Synthetic-v0``: kwargs of :func:`make_synthetic_env`
 * ``adaptive/SpecDecode-Live-v0``: real models, real clock; kwargs of :func:`make_live_env`
 """
@@ -14,16 +15,17 @@ import gymnasium as gym
 
 from envs.backend import Backend, Cycle
 from envs.env import SpecDecodeEnv
-from envs.factory import DEFAULT_PROFILE, default_traces, make_live_env, make_replay_env, make_synthetic_env
+from envs.factory import DEFAULT_PROFILE, default_traces, make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
 from envs.schema import ObservationSchema, SchemaMismatch
 
 ENV_IDS = {
     "replay": "adaptive/SpecDecode-Replay-v0",
+    "tree_replay": "adaptive/SpecDecode-TreeReplay-v0",
     "synthetic": "adaptive/SpecDecode-Synthetic-v0",
     "live": "adaptive/SpecDecode-Live-v0",
 }
 
-for _kind, _factory in (("replay", "make_replay_env"), ("synthetic", "make_synthetic_env"), ("live", "make_live_env")):
+for _kind, _factory in (("replay", "make_replay_env"), ("tree_replay", "make_tree_replay_env"), ("synthetic", "make_synthetic_env"), ("live", "make_live_env")):
     if ENV_IDS[_kind] not in gym.registry:
         gym.register(ENV_IDS[_kind], entry_point=f"envs.factory:{_factory}")
 
@@ -38,5 +40,6 @@ __all__ = [
     "default_traces",
     "make_live_env",
     "make_replay_env",
+    "make_tree_replay_env",
     "make_synthetic_env",
 ]

@@ -9,18 +9,22 @@ from adaptive.cost_profile import CostProfile
 from adaptive.costmodel import GCurve
 from adaptive.policy import DraftPolicy
 from adaptive.traces import TraceSet
+from adaptive.tree_traces import TreeTraceSet
 from envs.env import DEFAULT_DECISION_SECONDS, SpecDecodeEnv
 from envs.replay import ReplayBackend
 from envs.synthetic import SyntheticBackend
+from envs.tree_replay import TreeReplayBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = ROOT / "profiles" / "smollm2-135m.json"
+TREE_PROFILE = ROOT / "profiles" / "smollm2-135m-tree.json"
+"""Verification timed with a tree attention mask, up to 64 nodes (``adaptive profile --tree-mask --max-verify 64``)."""
 TRACES = ROOT / "data" / "traces"
 
 
-def default_traces(split: str = "train", pair: str = "smollm2-135m") -> Path:
-    """Path of the shipped greedy traces of ``pair`` for ``split`` (``adaptive record`` makes more)."""
-    path = TRACES / f"{pair}-{split}.npz"
+def default_traces(split: str = "train", pair: str = "smollm2-135m", tree: bool = False) -> Path:
+    """Path of the shipped greedy traces (``tree``: tree traces) of ``pair`` for ``split`` (``adaptive record`` makes more)."""
+    path = TRACES / f"{pair}-{split}{'-tree' if tree else ''}.npz"
     if not path.is_file():
         shipped = sorted(p.name for p in TRACES.glob("*.npz")) if TRACES.is_dir() else []
         raise FileNotFoundError(f"no shipped traces for pair {pair!r}, split {split!r} at {path}; shipped: {shipped or 'none'}")
@@ -43,6 +47,26 @@ def make_replay_env(
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
     return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth), decision, partner, decision_seconds, episode)
+
+
+def make_tree_replay_env(
+    traces: str | Path | TreeTraceSet = "train",
+    profile: str | Path | CostProfile = TREE_PROFILE,
+    max_depth: int | None = None,
+    size: int | None = None,
+    decision: str = "depth",
+    partner: DraftPolicy | None = None,
+    decision_seconds: float = DEFAULT_DECISION_SECONDS,
+    episode: str = "cycle",
+) -> SpecDecodeEnv:
+    """Tree replay env. ``traces``: a split name of the shipped tree traces, a tree trace file or a TreeTraceSet;
+    ``size``: the verified nodes V when no size policy decides (default: the traces' V)."""
+    if not isinstance(traces, TreeTraceSet):
+        path = Path(traces)
+        traces = TreeTraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), tree=True))
+    if not isinstance(profile, CostProfile):
+        profile = CostProfile.load(profile)
+    return SpecDecodeEnv(TreeReplayBackend(traces, profile, max_depth, size), decision, partner, decision_seconds, episode)
 
 
 def make_synthetic_env(

@@ -31,7 +31,7 @@ class TreeReplayBackend(Backend):
         self.max_depth = traces.max_depth if max_depth is None else max_depth
         if not 1 <= self.max_depth <= traces.max_depth:
             raise ValueError(f"max_depth must lie in 1..{traces.max_depth} (the traces' depth), got {max_depth}")
-        self._max_size = min(traces.score.shape[1], profile.max_verify)
+        self._max_size = min(traces.rank.shape[1], profile.max_verify)
         self.size = traces.metadata["size"] if size is None else size
         if not 1 <= self.size <= profile.max_verify:
             raise ValueError(f"size must lie in 1..{profile.max_verify} (the profile's largest verification), got {size}")
@@ -93,7 +93,7 @@ class TreeReplayBackend(Backend):
         if not 0 <= size <= self.verifiable(depth) or (depth and size < 1):
             raise ValueError(f"cannot verify {size} nodes of a tree with {self.verifiable(depth)} nodes in {depth} levels")
         traces = self.traces
-        accepted = accepted_in_tree(traces.score[row], traces.parent[row], traces.depth[row], traces.on_path[row], depth, size) if depth else 0
+        accepted = accepted_in_tree(traces.rank[row], traces.depth[row], traces.on_path[row], depth, size) if depth else 0
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
         cycle = Cycle(depth, size, accepted, emitted, depth * self.profile.draft_seconds(context), self.profile.verify_seconds(context, size))

@@ -94,7 +94,16 @@ class LearnedPolicy(BasePolicy):
             return False
         return bool(_forward(self._depth_layers, self.observation(state)).argmax() == 1)
 
+    @property
+    def sizes_trees(self) -> bool:
+        """True for a size network trained on draft trees: its sizes count tree nodes."""
+        return self._size_layers is not None and self.metadata.get("tree") is not None
+
     def verify_size(self, state: DraftState) -> int:
+        """Chains: drafted tokens to verify (1..depth). Trees (:attr:`sizes_trees`): tree nodes to verify,
+        which the caller clips to the nodes the tree has."""
+        if self.sizes_trees:
+            return int(_forward(self._size_layers, self.observation(state)).argmax()) + 1
         if self._size_layers is None or state.depth <= 1:
             return state.depth
         return min(state.depth, int(_forward(self._size_layers, self.observation(state)).argmax()) + 1)

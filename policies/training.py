@@ -32,8 +32,9 @@ from adaptive.config import ExperimentConfig, PPOConfig, config_from_dict
 from adaptive.cost_profile import CostProfile
 from adaptive.policy import DraftPolicy
 from adaptive.tracking import Tracker
+from adaptive.tree_traces import TreeTraceSet
 from envs.env import SpecDecodeEnv
-from envs.factory import make_live_env, make_replay_env, make_synthetic_env
+from envs.factory import default_traces, make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
 from envs.rollout import run_policy
 from envs.schema import ObservationSchema
 from envs.synthetic import SyntheticBackend
@@ -68,6 +69,8 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
     env = config.env
     if env.backend == "replay":
         traces = "val" if evaluation and env.traces == "train" else env.traces
+        if env.tree:
+            return make_tree_replay_env(traces, env.profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
         return make_replay_env(traces, env.profile, env.max_depth, decision, partner, env.decision_seconds)
     if env.backend == "synthetic":
         return make_synthetic_env(
@@ -224,9 +227,19 @@ class TrainingRun:
             "pair": self.config.pair if env.backend != "synthetic" else "synthetic",
             "profile": profile,
             "config_digest": self.config.digest(),
+            "tree": self._tree_shape(),
             "depth_layers": decision_layers["depth"],
             "size_layers": decision_layers.get("size"),
         }
+
+    def _tree_shape(self) -> dict | None:
+        """k, W and the default V of the tree traces trained on (None for chains)."""
+        env = self.config.env
+        if not env.tree:
+            return None
+        path = Path(env.traces) if env.traces.endswith(".npz") else default_traces(env.traces, self.config.pair, tree=True)
+        recorded = TreeTraceSet.read_metadata(path)
+        return {"branching": recorded["branching"], "width": recorded["width"], "size": env.tree_size}
 
     def current_policy(self) -> LearnedPolicy:
         """The learned policy as the decoder would run it (exported MLPs)."""
@@ -287,7 +300,7 @@ def evaluate(config: ExperimentConfig, policy: DraftPolicy) -> dict[str, dict]:
     prompts = list(range(min(config.eval_episodes, backend.num_prompts)))
     candidates: dict[str, DraftPolicy] = {"learned": policy}
     candidates.update({f"static:{g}": StaticDepth(g) for g in range(1, config.env.max_depth + 1)})
-    if config.env.backend == "replay":
+    if config.env.backend == "replay" and not config.env.tree:
         candidates["oracle"] = OraclePolicy(backend)
     result = {}
     for name, candidate in candidates.items():

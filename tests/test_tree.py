@@ -151,3 +151,49 @@ def test_tree_replay_reproduces_live_tree_rounds(target, far_draft, shape, depth
                 assert [(c.drafted, c.verified, c.accepted, c.emitted) for c in episode.cycles] == [
                     (r.drafted, r.verified, r.accepted, r.emitted) for r in rounds
                 ], (size, gamma)
+
+
+@pytest.fixture(scope="module")
+def tiny_tree_traces(tmp_path_factory, target, far_draft):
+    from adaptive.tree_traces import record_trees
+
+    prompts = [[(7 * i + j) % 16 for j in range(5 + i % 4)] for i in range(12)]
+    outputs = [generate_plain(target, p, 48).token_ids for p in prompts]
+    rows = [{"id": f"p{i}", "lang": "en"} for i in range(len(prompts))]
+    path = tmp_path_factory.mktemp("trees") / "tiny-tree.npz"
+    record_trees(far_draft, rows, prompts, outputs, TreeShape(3, 3, 6), 4, {"max_new_tokens": 48}).save(path)
+    return path
+
+
+def test_tree_policies_train_cotrained_and_drive_the_tree_decoder(tiny_tree_traces, target, far_draft, tmp_path):
+    from pathlib import Path
+
+    from adaptive.config import config_from_dict
+    from policies.learned import load_policy
+    from policies.training import make_env, train
+
+    root = Path(__file__).resolve().parents[1]
+    config = config_from_dict({
+        "name": "tree", "seed": 0,
+        "env": {"backend": "replay", "traces": str(tiny_tree_traces), "tree": True, "tree_size": 6, "max_depth": 4,
+                "profile": str(root / "profiles" / "smollm2-135m-tree.json")},
+        "depth_policy": {"timesteps": 1024, "n_steps": 256, "batch_size": 64, "n_epochs": 2},
+        "size_policy": {"timesteps": 512, "n_steps": 128, "batch_size": 64, "n_epochs": 2},
+        "cotraining": {"rounds": 1, "train_size": True},
+        "eval_episodes": 12, "tracking": {"wandb": "disabled"},
+    })
+    assert make_env(config, "size", None).action_space.n == 3 + 3 * 9  # every node of a depth-4 (3, 3) tree
+    train(config, tmp_path / "run")
+    policy = load_policy(tmp_path / "run")
+    assert policy.sizes_trees and policy.metadata["tree"] == {"branching": 3, "width": 3, "size": 6}
+    decoder = TreeDecoder(target, far_draft, policy, TreeShape(3, 3, 6), max_depth=4)
+    result = decoder.generate(PROMPT, 40)
+    assert result.token_ids == generate_plain(target, PROMPT, 40).token_ids
+    assert all(1 <= r.verified <= 30 for r in result.rounds if r.drafted)
+
+
+def test_tree_mode_needs_the_replay_backend():
+    from adaptive.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="env.tree"):
+        config_from_dict({"env": {"backend": "live", "tree": True}})
