@@ -31,15 +31,14 @@ def tree_grid(traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, 
     from envs.tree_replay import TreeReplayBackend
     from policies.baselines import StaticDepth
 
+    backends = [TreeReplayBackend(trace_set, profile, max_depth) for trace_set in traces]  # the size is set per play
     speeds: dict[str, float] = {}
     for depth in range(1, max_depth + 1):
-        for size in SIZES:
-            if size > TreeReplayBackend(traces[0], profile, max_depth).max_size:
-                continue
+        for size in (s for s in SIZES if s <= backends[0].max_size):
             total = 0.0
-            for trace_set in traces:
-                backend = TreeReplayBackend(trace_set, profile, max_depth, size)
-                records = play(backend, lambda d=depth: StaticDepth(d), range(len(trace_set)), trace_set.langs, decision_seconds)
+            for backend in backends:
+                backend.size = size
+                records = play(backend, lambda d=depth: StaticDepth(d), range(backend.num_prompts), backend.traces.langs, decision_seconds)
                 total += sum(r.tokens for r in records) / sum(r.seconds for r in records) * backend.target_step_seconds
             speeds[f"{depth},{size}"] = total / len(traces)
     best = max(speeds, key=lambda key: (speeds[key], -int(key.split(",")[1]), -int(key.split(",")[0])))

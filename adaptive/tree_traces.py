@@ -183,6 +183,33 @@ def accepted_in_tree(rank: np.ndarray, depth: np.ndarray, on_path: np.ndarray, d
     return accepted
 
 
+def nodes_needed(rank: np.ndarray, depth: np.ndarray, on_path: np.ndarray, max_depth: int) -> np.ndarray:
+    """``need[n, d - 1, i - 1]``: the fewest verified nodes with which a tree grown to ``d`` levels accepts
+    ``i`` tokens at position ``n`` (a large number where it cannot). Then accepted(d, V) = #{i <= d:
+    need[n, d-1, i-1] <= V}: the same as :func:`accepted_in_tree`, vectorised once for fast replay."""
+    n, m = rank.shape
+    never = np.iinfo(np.int32).max
+    need = np.full((n, max_depth, max_depth), never, dtype=np.int64)
+    rows = np.arange(n)
+    path = np.full((n, max_depth), -1, dtype=np.int64)
+    for i in range(1, max_depth + 1):
+        hits = on_path & (depth == i)
+        path[:, i - 1] = np.where(hits.any(axis=1), hits.argmax(axis=1), -1)
+    for d in range(1, max_depth + 1):
+        grown = (depth > 0) & (depth <= d)
+        order = np.argsort(np.where(grown, rank, m + 1), axis=1, kind="stable")
+        place = np.empty_like(order)
+        np.put_along_axis(place, order, np.arange(m)[None, :].repeat(n, axis=0), axis=1)
+        running = np.zeros(n, dtype=np.int64)
+        alive = np.ones(n, dtype=bool)
+        for i in range(1, d + 1):
+            node = path[:, i - 1]
+            alive &= node >= 0
+            running = np.maximum(running, np.where(alive, place[rows, np.maximum(node, 0)] + 1, never))
+            need[:, d - 1, i - 1] = np.where(alive, running, never)
+    return need
+
+
 def record_trees(
     draft: PreTrainedModel,
     prompts: list[dict],

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from adaptive.cost_profile import CostProfile
-from adaptive.tree_traces import TreeTraceSet, accepted_in_tree
+from adaptive.tree_traces import TreeTraceSet, nodes_needed
 from envs.backend import Backend, Cycle
 
 
@@ -41,6 +41,7 @@ class TreeReplayBackend(Backend):
         self.num_prompts = len(traces)
         self._budget = traces.max_new_tokens
         self._features = traces.features.tolist()
+        self._need = nodes_needed(traces.rank, traces.depth, traces.on_path, traces.max_depth).tolist()
         self._nodes_by_depth = np.stack([(traces.depth >= 1) & (traces.depth <= d) for d in range(1, traces.max_depth + 1)], axis=1).sum(axis=2)
         self.prompt = self._start = self._length = self._t = self._depth = self._prompt_length = 0
         self._recent: list[int] = []
@@ -92,8 +93,7 @@ class TreeReplayBackend(Backend):
         depth, row = self._depth, self._start + self._t
         if not 0 <= size <= self.verifiable(depth) or (depth and size < 1):
             raise ValueError(f"cannot verify {size} nodes of a tree with {self.verifiable(depth)} nodes in {depth} levels")
-        traces = self.traces
-        accepted = accepted_in_tree(traces.rank[row], traces.depth[row], traces.on_path[row], depth, size) if depth else 0
+        accepted = sum(1 for need in self._need[row][depth - 1][:depth] if need <= size) if depth else 0
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
         cycle = Cycle(depth, size, accepted, emitted, depth * self.profile.draft_seconds(context), self.profile.verify_seconds(context, size))

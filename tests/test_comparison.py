@@ -47,3 +47,18 @@ def test_grid_search_confirms_its_finalists_live_on_val_prompts():
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     speedups = grid_live(config, [1, 3], per_language=1, new_tokens=12)
     assert set(speedups) == {1, 3} and all(0.1 < v < 5.0 for v in speedups.values())
+
+
+def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_path):
+    from adaptive.tree_comparison import evaluate_trees
+
+    config = load_config(ROOT / "experiments" / "tree.yaml")
+    config.env.max_depth = 2
+    result = evaluate_trees(config, [], tmp_path, live_per_language=0)
+    replay, fitted = result["replay"], result["fitted"]
+    chain = next(name for name in replay if name.startswith("chain grid"))
+    tree = next(name for name in replay if name.startswith("tree grid"))
+    assert fitted["chain_best"] in (1, 2) and fitted["tree_best"]["depth"] in (1, 2)
+    assert max(fitted["tree_grid"].values()) == fitted["tree_grid"][f"{fitted['tree_best']['depth']},{fitted['tree_best']['size']}"]
+    assert replay[tree]["all"]["tokens"] == replay[chain]["all"]["tokens"]  # same greedy outputs
+    assert "trees vs chains" in (tmp_path / "report.md").read_text()

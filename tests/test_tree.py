@@ -197,3 +197,18 @@ def test_tree_mode_needs_the_replay_backend():
 
     with pytest.raises(ConfigError, match="env.tree"):
         config_from_dict({"env": {"backend": "live", "tree": True}})
+
+
+def test_the_replay_table_agrees_with_the_reference_acceptance_on_shipped_traces():
+    from pathlib import Path
+
+    from adaptive.tree_traces import TreeTraceSet, accepted_in_tree, nodes_needed
+
+    traces = TreeTraceSet.load(Path(__file__).resolve().parents[1] / "data" / "traces" / "smollm2-135m-test-tree.npz")
+    rows = range(0, int(traces.offsets[-1]), 37)
+    need = nodes_needed(traces.rank[rows], traces.depth[rows], traces.on_path[rows], traces.max_depth)
+    for k, row in enumerate(rows):
+        for d in range(1, traces.max_depth + 1):
+            for size in (1, 2, 3, 5, 8, 13, 40):
+                fast = int((need[k, d - 1, :d] <= size).sum())
+                assert fast == accepted_in_tree(traces.rank[row], traces.depth[row], traces.on_path[row], d, size), (row, d, size)
