@@ -19,17 +19,10 @@ from adaptive.traces import TraceSet
 from envs.backend import Backend, Cycle
 
 
-class ReplayBackend(Backend):
-    """Replays :class:`TraceSet` generations; ``max_depth`` defaults to the traces' K."""
+class TraceReplay(Backend):
+    """What every trace replay shares: walking one recorded output round by round, timed by a profile."""
 
-    def __init__(self, traces: TraceSet, profile: CostProfile, max_depth: int | None = None) -> None:
-        if len(traces) == 0:
-            raise ValueError("the trace set is empty")
-        self.max_depth = traces.depth if max_depth is None else max_depth
-        if not 1 <= self.max_depth <= traces.depth:
-            raise ValueError(f"max_depth must lie in 1..{traces.depth} (the traces' K), got {max_depth}")
-        if self.max_depth > profile.max_verify:
-            raise ValueError(f"the profile times verifications of up to {profile.max_verify} tokens, max_depth is {self.max_depth}")
+    def _setup(self, traces, profile: CostProfile) -> None:
         self.traces = traces
         self.profile = profile
         self.c = profile.c
@@ -38,20 +31,10 @@ class ReplayBackend(Backend):
         self.num_prompts = len(traces)
         self.prompt = 0
         self._budget = traces.max_new_tokens
-        self._match = traces.match.tolist()  # Python ints: faster to index one at a time than numpy
-        self._features = traces.features.tolist()
-        self._accept = traces.accept_prob.tolist() if traces.sampled else None
-        self._rng = np.random.default_rng(0)
-        self._start = 0
-        self._length = 0
-        self._t = 0
-        self._depth = 0
-        self._prompt_length = 0
+        self._start = self._length = self._t = self._depth = self._prompt_length = 0
         self._recent: list[int] = []
 
     def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
-        """Begin replaying prompt ``index``; ``rng`` draws the acceptances of sampled traces (default: seeded by ``index``)."""
-        self._rng = rng if rng is not None else np.random.default_rng(index)
         self.prompt = index
         self._start = int(self.traces.offsets[index])
         self._length = int(self.traces.offsets[index + 1]) - self._start
@@ -75,6 +58,47 @@ class ReplayBackend(Backend):
     @property
     def recent(self) -> Sequence[int]:
         return self._recent
+
+    def _end_round(self, size: int, accepted: int) -> Cycle:
+        """Emit the accepted tokens plus one (fewer at the end of the output), time the round, move on."""
+        depth = self._depth
+        emitted = min(accepted + 1, self._length - self._t)
+        context = self._prompt_length + self._t
+        cycle = Cycle(
+            drafted=depth,
+            verified=size,
+            accepted=accepted,
+            emitted=emitted,
+            draft_seconds=depth * self.profile.draft_seconds(context),
+            verify_seconds=self.profile.verify_seconds(context, size),
+        )
+        self._t += emitted
+        self._depth = 0
+        self._recent.append(accepted)
+        return cycle
+
+
+class ReplayBackend(TraceReplay):
+    """Replays :class:`TraceSet` generations; ``max_depth`` defaults to the traces' K."""
+
+    def __init__(self, traces: TraceSet, profile: CostProfile, max_depth: int | None = None) -> None:
+        if len(traces) == 0:
+            raise ValueError("the trace set is empty")
+        self.max_depth = traces.depth if max_depth is None else max_depth
+        if not 1 <= self.max_depth <= traces.depth:
+            raise ValueError(f"max_depth must lie in 1..{traces.depth} (the traces' K), got {max_depth}")
+        if self.max_depth > profile.max_verify:
+            raise ValueError(f"the profile times verifications of up to {profile.max_verify} tokens, max_depth is {self.max_depth}")
+        self._setup(traces, profile)
+        self._match = traces.match.tolist()  # Python ints: faster to index one at a time than numpy
+        self._features = traces.features.tolist()
+        self._accept = traces.accept_prob.tolist() if traces.sampled else None
+        self._rng = np.random.default_rng(0)
+
+    def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
+        """Begin replaying prompt ``index``; ``rng`` draws the acceptances of sampled traces (default: seeded by ``index``)."""
+        self._rng = rng if rng is not None else np.random.default_rng(index)
+        super().start_prompt(index)
 
     @property
     def match_length(self) -> int:
@@ -100,17 +124,4 @@ class ReplayBackend(Backend):
             probabilities, accepted = self._accept[self._start + self._t], 0
             while accepted < size and self._rng.random() < probabilities[accepted]:
                 accepted += 1
-        emitted = min(accepted + 1, self._length - self._t)
-        context = self._prompt_length + self._t
-        cycle = Cycle(
-            drafted=depth,
-            verified=size,
-            accepted=accepted,
-            emitted=emitted,
-            draft_seconds=depth * self.profile.draft_seconds(context),
-            verify_seconds=self.profile.verify_seconds(context, size),
-        )
-        self._t += emitted
-        self._depth = 0
-        self._recent.append(accepted)
-        return cycle
+        return self._end_round(size, accepted)
