@@ -178,13 +178,27 @@ def live_rows(pair, decoders: dict[str, Callable[[], object]], per_language: int
     return results
 
 
+def _paired_interval(rows: list[dict], plain: list[dict], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the speedup over plain, resampling prompts (rows and plain
+    rows are the same prompts in the same order)."""
+    tokens, seconds = np.array([r["tokens"] for r in rows], dtype=float), np.array([r["seconds"] for r in rows])
+    plain_tokens, plain_seconds = np.array([r["tokens"] for r in plain], dtype=float), np.array([r["seconds"] for r in plain])
+    picks = np.random.default_rng(seed).integers(0, len(rows), size=(resamples, len(rows)))
+    ratios = tokens[picks].sum(1) / seconds[picks].sum(1) / (plain_tokens[picks].sum(1) / plain_seconds[picks].sum(1))
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def _live_summary(rows: list[dict], plain: list[dict]) -> dict:
     tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
     plain_rate = sum(r["tokens"] for r in plain) / sum(r["seconds"] for r in plain)
     gaps = np.array([g for r in rows for g in r["gaps"]])
+    low, high = _paired_interval(rows, plain)
     return {
         "tokens_per_second": tokens / seconds,
         "speedup": tokens / seconds / plain_rate,
+        "low": low,
+        "high": high,
         "tau": tokens / sum(r["rounds"] for r in rows),
         "ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
         "itl_ms": {f"p{q}": float(np.percentile(gaps, q) * 1e3) for q in (50, 95, 99)},
@@ -218,7 +232,6 @@ def evaluate(
     config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1
 ) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
-    from adaptive.tracking import Tracker
     from envs.factory import default_traces
 
     out.mkdir(parents=True, exist_ok=True)
@@ -238,13 +251,23 @@ def evaluate(
     from adaptive.plots import plot_evaluation
 
     plot_evaluation(result, out / "plots")
+    track_comparison(config, out, replay_rows, replay_data, live_data)
+    return result
+
+
+def track_comparison(config: ExperimentConfig, out: Path, rows: list[list], replay: dict, live: dict) -> None:
+    """The comparison tables, native bar charts and the PNG plots, logged in the training runs' W&B group."""
+    from adaptive.tracking import Tracker
+
     tracker = Tracker(config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, f"evaluate-{out.name}",
                       config.to_dict(), out, job_type="evaluate")
-    tracker.log_table("replay_speedup", ["policy", *LANGS, "all", "tau"], replay_rows)
-    if live_data:
-        tracker.log_table("live_speedup", ["policy", *LANGS, "all"], [[n, *(round(d[lang]["speedup"], 4) for lang in (*LANGS, "all"))] for n, d in live_data.items()])
+    tracker.log_table("replay_speedup", ["policy", *LANGS, "all", "tau"], rows)
+    tracker.log_bar_chart("replay_speedup_chart", list(replay), [d["all"]["speedup"] for d in replay.values()], "speedup", "replay speedup over plain (test split)")
+    if live:
+        tracker.log_table("live_speedup", ["policy", *LANGS, "all"], [[n, *(round(d[lang]["speedup"], 4) for lang in (*LANGS, "all"))] for n, d in live.items()])
+        tracker.log_bar_chart("live_speedup_chart", list(live), [d["all"]["speedup"] for d in live.values()], "speedup", "live speedup over plain (test split)")
+    tracker.log_images({f"plot/{path.stem}": path for path in sorted((out / "plots").glob("*.png"))})
     tracker.finish()
-    return result
 
 
 def live_report(live: dict) -> list[str]:
@@ -252,7 +275,7 @@ def live_report(live: dict) -> list[str]:
     rows = []
     for name, data in live.items():
         d = data["all"]
-        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x", f"{d['tokens_per_second']:.1f}",
+        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]", f"{d['tokens_per_second']:.1f}",
                      f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
                      f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
     return ["", "## Live: wall clock", "",

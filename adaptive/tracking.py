@@ -53,6 +53,29 @@ class Tracker:
         except Exception as error:  # noqa: BLE001
             self._fail("table", error)
 
+    def log_bar_chart(self, key: str, labels: list[str], values: list[float], value_name: str, title: str) -> None:
+        """A native W&B bar chart (one bar per label)."""
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            table = wandb.Table(columns=["label", value_name], data=[[label, value] for label, value in zip(labels, values)])
+            self.run.log({key: wandb.plot.bar(table, "label", value_name, title=title)})
+        except Exception as error:  # noqa: BLE001
+            self._fail("chart", error)
+
+    def log_images(self, images: dict[str, Path]) -> None:
+        """PNG files as W&B images, keyed by name."""
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            self.run.log({key: wandb.Image(str(path)) for key, path in images.items() if path.is_file()})
+        except Exception as error:  # noqa: BLE001
+            self._fail("images", error)
+
     def log_artifact(self, folder: Path, name: str, kind: str) -> None:
         if self.run is None:
             return

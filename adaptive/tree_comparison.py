@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adaptive.comparison import LANGS, live_report, live_rows, replay_table, summarise_live, warm_pair
+from adaptive.comparison import LANGS, live_report, live_rows, replay_table, summarise_live, track_comparison, warm_pair
 from adaptive.config import ExperimentConfig
 from adaptive.cost_profile import CostProfile
 from adaptive.evaluation import PromptRecord, grid_search, play
@@ -26,7 +26,9 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 """Verified-node counts the tree grid search tries (those the traces and profile allow)."""
 
 
-def tree_grid(traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, decision_seconds: float) -> tuple[tuple[int, int], dict[str, float]]:
+def tree_grid(
+    traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, decision_seconds: float, sizes: tuple[int, ...] = SIZES
+) -> tuple[tuple[int, int], dict[str, float]]:
     """The static (depth, V) with the highest mean replayed throughput over ``traces``, and every pair's."""
     from envs.tree_replay import TreeReplayBackend
     from policies.baselines import StaticDepth
@@ -34,7 +36,7 @@ def tree_grid(traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, 
     backends = [TreeReplayBackend(trace_set, profile, max_depth) for trace_set in traces]  # the size is set per play
     speeds: dict[str, float] = {}
     for depth in range(1, max_depth + 1):
-        for size in (s for s in SIZES if s <= backends[0].max_size):
+        for size in (s for s in sizes if s <= backends[0].max_size):
             total = 0.0
             for backend in backends:
                 backend.size = size
@@ -46,7 +48,9 @@ def tree_grid(traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, 
     return (depth, size), speeds
 
 
-def evaluate_trees(config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 1, new_tokens: int = 128) -> dict:
+def evaluate_trees(
+    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 1, new_tokens: int = 128, sizes: tuple[int, ...] = SIZES
+) -> dict:
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``."""
     from adaptive.tree import TreeShape
     from adaptive.tree_decoder import TreeDecoder
@@ -68,7 +72,7 @@ def evaluate_trees(config: ExperimentConfig, learned: list[str], out: Path, live
         fitted["chain_grid"][split] = grid_search(ReplayBackend(chains[split], profile, depth), range(len(chains[split])), chains[split].langs, depth, seconds)[1]
     both = {g: (fitted["chain_grid"]["train"][g] + fitted["chain_grid"]["val"][g]) / 2 for g in range(1, depth + 1)}
     chain_best = max(both, key=lambda g: (both[g], -g))
-    (tree_depth, tree_size), fitted["tree_grid"] = tree_grid([trees["train"], trees["val"]], profile, depth, seconds)
+    (tree_depth, tree_size), fitted["tree_grid"] = tree_grid([trees["train"], trees["val"]], profile, depth, seconds, sizes)
     fitted.update(chain_best=chain_best, tree_best={"depth": tree_depth, "size": tree_size}, shape=shape.__dict__)
 
     test_chain, test_tree = chains["test"], trees["test"]
@@ -114,6 +118,7 @@ def evaluate_trees(config: ExperimentConfig, learned: list[str], out: Path, live
     plot_speedups(replay_data, out / "plots" / "speedup_replay.png", "replay: trees vs chains (test split)")
     if live:
         plot_speedups(live, out / "plots" / "speedup_live.png", "live: trees vs chains (test split)")
+    track_comparison(config, out, rows, replay_data, live)
     return result
 
 

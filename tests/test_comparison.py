@@ -54,7 +54,7 @@ def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_pat
 
     config = load_config(ROOT / "experiments" / "tree.yaml")
     config.env.max_depth = 2
-    result = evaluate_trees(config, [], tmp_path, live_per_language=0)
+    result = evaluate_trees(config, [], tmp_path, live_per_language=0, sizes=(1, 2, 4))
     replay, fitted = result["replay"], result["fitted"]
     chain = next(name for name in replay if name.startswith("chain grid"))
     tree = next(name for name in replay if name.startswith("tree grid"))

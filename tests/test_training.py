@@ -147,6 +147,16 @@ def test_tracker_failures_never_stop_the_work(tmp_path):
     broken.finish()
     offline = Tracker("offline", "adaptive-draft-test", "g", "n", {"a": 1}, tmp_path)
     offline.log({"x": 1.0}, step=1)
+    offline.log_table("t", ["policy", "speedup"], [["a", 1.1]])
+    offline.log_bar_chart("c", ["a", "b"], [1.1, 0.9], "speedup", "title")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.plot([0, 1]), plt.savefig(tmp_path / "p.png"), plt.close()
+    offline.log_images({"plot/p": tmp_path / "p.png"})
+    assert offline.run is not None  # nothing above failed (a failure drops the run)
     offline.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
 
