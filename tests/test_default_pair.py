@@ -45,6 +45,18 @@ def test_greedy_speculation_is_token_identical_to_plain_greedy(greedy_runs, lang
     assert speculative.token_ids == plain.token_ids
 
 
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_greedy_tree_decoding_is_token_identical_to_plain_greedy(pair, greedy_runs, lang):
+    from adaptive.tree import TreeShape
+    from adaptive.tree_decoder import TreeDecoder
+
+    plain = greedy_runs[lang][1]
+    decoder = TreeDecoder(pair.target, pair.draft, make_policy("static:3"), TreeShape(4, 4, 12), tokenizer=pair.tokenizer)
+    result = decoder.generate(plain.prompt_ids, 32)
+    assert result.token_ids == plain.token_ids
+    assert result.mean_emitted > 1.0  # the tree gets draft tokens accepted
+
+
 def test_the_distilled_draft_gets_tokens_accepted(greedy_runs):
     """Pooled per-token acceptance α = accepted / (accepted + rejections) over the four prompts.
 
