@@ -98,14 +98,15 @@ def evaluate_trees(
         name = f"{'tree' if tree else 'chain'} learned ({Path(path).name})"
         if tree:
             replay[name] = play(TreeReplayBackend(test_tree, profile, depth, tree["size"]), lambda p=policy: p, range(len(test_tree)), test_tree.langs, seconds)
-        else:
-            replay[name] = play(chain_backend, lambda p=policy: p, range(len(test_chain)), test_chain.langs, seconds)
+        else:  # a chain run decodes with the depth cap it was trained with
+            own = ReplayBackend(test_chain, profile, policy.schema.max_depth)
+            replay[name] = play(own, lambda p=policy: p, range(len(test_chain)), test_chain.langs, seconds)
         if pair is not None:
             if tree:
                 tree_shape = TreeShape(shape.branching, shape.width, tree["size"])
                 decoders[name] = lambda p=policy, s=tree_shape: TreeDecoder(pair.target, pair.draft, p, s, max_depth=depth)
             else:
-                decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=depth)
+                decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=p.schema.max_depth)
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
     rows, replay_data = replay_table(replay, profile.target_step_ms / 1e3, depth)
     live = summarise_live(live_rows(pair, decoders, live_per_language, new_tokens)) if pair is not None else {}
