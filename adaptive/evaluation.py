@@ -101,12 +101,9 @@ def costmodel_depths(traces: TraceSet, profile: CostProfile, max_depth: int) -> 
 
 
 def accepted_histogram(records: Sequence[PromptRecord], max_depth: int) -> list[int]:
-    """Rounds by accepted length 0..max_depth."""
-    counts = np.zeros(max_depth + 1, dtype=int)
-    for record in records:
-        for view in record.views:
-            counts[view.accepted] += 1
-    return counts.tolist()
+    """Rounds by accepted length 0..max_depth (longer if a policy drafted deeper)."""
+    accepted = [view.accepted for record in records for view in record.views]
+    return np.bincount(accepted, minlength=max_depth + 1).tolist() if accepted else [0] * (max_depth + 1)
 
 
 def choices(records: Sequence[PromptRecord], bins: int = 10, position_width: int = 16) -> dict[str, list[dict]]:

@@ -67,11 +67,13 @@ def _plot_accepted_lengths(plt, replay: dict, path: Path) -> None:
     names = [n for n in replay if n.startswith(HISTOGRAM_POLICIES)]
     figure, axis = plt.subplots(figsize=(9, 4.2))
     width = 0.8 / max(1, len(names))
+    lengths = max(len(replay[name]["all"]["accepted_hist"]) for name in names)
     for i, name in enumerate(names):
         counts = replay[name]["all"]["accepted_hist"]
+        counts = counts + [0] * (lengths - len(counts))
         total = max(1, sum(counts))
-        axis.bar([x + i * width for x in range(len(counts))], [c / total for c in counts], width, label=f"{name} (tau {replay[name]['all']['tau']:.2f})")
-    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(counts))], [str(x) for x in range(len(counts))])
+        axis.bar([x + i * width for x in range(lengths)], [c / total for c in counts], width, label=f"{name} (tau {replay[name]['all']['tau']:.2f})")
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(lengths)], [str(x) for x in range(lengths)])
     axis.set(xlabel="draft tokens accepted in the round", ylabel="share of rounds", title="accepted length per round (replay, test split)")
     axis.legend(fontsize=7)
     figure.tight_layout()
