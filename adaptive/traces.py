@@ -28,6 +28,32 @@ import numpy as np
 TRACE_FORMAT = "adaptive-draft/trace/1"
 
 
+def write_npz(path: str | Path, traces, arrays: dict[str, np.ndarray], file_format: str) -> None:
+    """A trace file: the per-prompt arrays every trace set has (``traces``), ``arrays``, and the metadata."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path,
+        prompt_ids=np.array(traces.prompt_ids, dtype=str),
+        langs=np.array(traces.langs, dtype=str),
+        prompt_lengths=traces.prompt_lengths.astype(np.int32),
+        offsets=traces.offsets.astype(np.int64),
+        outputs=traces.outputs.astype(np.int32),
+        **arrays,
+        metadata=np.array(json.dumps({"format": file_format, **traces.metadata})),
+    )
+
+
+def read_npz(data, path: str | Path, file_format: str) -> tuple[dict, dict]:
+    """The per-prompt arrays and the metadata of an open trace file, after checking its format."""
+    metadata = json.loads(str(data["metadata"]))
+    if metadata.get("format") != file_format:
+        raise ValueError(f"{path} is not a trace file of format {file_format} (found {metadata.get('format')!r})")
+    common = {"prompt_ids": data["prompt_ids"].tolist(), "langs": data["langs"].tolist(), "prompt_lengths": data["prompt_lengths"],
+              "offsets": data["offsets"], "outputs": data["outputs"]}
+    return common, metadata
+
+
 @dataclass
 class TraceSet:
     """Traces of many prompts for one pair, sampling setting and K."""
@@ -71,34 +97,18 @@ class TraceSet:
         return self.outputs[self.offsets[i] : self.offsets[i + 1]]
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(
-            path,
-            prompt_ids=np.array(self.prompt_ids, dtype=str),
-            langs=np.array(self.langs, dtype=str),
-            prompt_lengths=self.prompt_lengths.astype(np.int32),
-            offsets=self.offsets.astype(np.int64),
-            outputs=self.outputs.astype(np.int32),
-            match=self.match.astype(np.int16),
-            features=self.features.astype(np.float16),
-            **({"accept_prob": self.accept_prob.astype(np.float16)} if self.accept_prob is not None else {}),
-            metadata=np.array(json.dumps({"format": TRACE_FORMAT, **self.metadata})),
-        )
+        arrays = {"match": self.match.astype(np.int16), "features": self.features.astype(np.float16)}
+        if self.accept_prob is not None:
+            arrays["accept_prob"] = self.accept_prob.astype(np.float16)
+        write_npz(path, self, arrays, TRACE_FORMAT)
 
     @classmethod
     def load(cls, path: str | Path) -> TraceSet:
         """Read a trace file (never unpickles)."""
         with np.load(path, allow_pickle=False) as data:
-            metadata = json.loads(str(data["metadata"]))
-            if metadata.get("format") != TRACE_FORMAT:
-                raise ValueError(f"{path} is not a trace file of format {TRACE_FORMAT} (found {metadata.get('format')!r})")
+            common, metadata = read_npz(data, path, TRACE_FORMAT)
             return cls(
-                prompt_ids=data["prompt_ids"].tolist(),
-                langs=data["langs"].tolist(),
-                prompt_lengths=data["prompt_lengths"],
-                offsets=data["offsets"],
-                outputs=data["outputs"],
+                **common,
                 match=data["match"].astype(np.int64),
                 features=data["features"].astype(np.float32),
                 accept_prob=data["accept_prob"].astype(np.float32) if "accept_prob" in data.files else None,

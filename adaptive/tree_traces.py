@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
+from adaptive.traces import read_npz, write_npz
 from adaptive.tree import DraftTree, TreeShape, rank_children
 
 TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/1"
@@ -71,21 +72,9 @@ class TreeTraceSet:
         return len(self.prompt_ids)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(
-            path,
-            prompt_ids=np.array(self.prompt_ids, dtype=str),
-            langs=np.array(self.langs, dtype=str),
-            prompt_lengths=self.prompt_lengths.astype(np.int32),
-            offsets=self.offsets.astype(np.int64),
-            outputs=self.outputs.astype(np.int32),
-            rank=self.rank.astype(np.int8),
-            depth=self.depth.astype(np.int8),
-            on_path=self.on_path,
-            features=self.features.astype(np.float16),
-            metadata=np.array(json.dumps({"format": TREE_TRACE_FORMAT, **self.metadata})),
-        )
+        arrays = {"rank": self.rank.astype(np.int8), "depth": self.depth.astype(np.int8), "on_path": self.on_path,
+                  "features": self.features.astype(np.float16)}
+        write_npz(path, self, arrays, TREE_TRACE_FORMAT)
 
     @staticmethod
     def read_metadata(path: str | Path) -> dict:
@@ -95,15 +84,11 @@ class TreeTraceSet:
 
     @classmethod
     def load(cls, path: str | Path) -> TreeTraceSet:
+        """Read a tree trace file (never unpickles)."""
         with np.load(path, allow_pickle=False) as data:
-            metadata = json.loads(str(data["metadata"]))
-            if metadata.get("format") != TREE_TRACE_FORMAT:
-                raise ValueError(f"{path} is not a tree trace file of format {TREE_TRACE_FORMAT} (found {metadata.get('format')!r})")
-            return cls(
-                data["prompt_ids"].tolist(), data["langs"].tolist(), data["prompt_lengths"], data["offsets"], data["outputs"],
-                data["rank"].astype(np.int64), data["depth"].astype(np.int64), data["on_path"],
-                data["features"].astype(np.float32), metadata,
-            )
+            common, metadata = read_npz(data, path, TREE_TRACE_FORMAT)
+            return cls(**common, rank=data["rank"].astype(np.int64), depth=data["depth"].astype(np.int64), on_path=data["on_path"],
+                       features=data["features"].astype(np.float32), metadata=metadata)
 
 
 def node_slots(shape: TreeShape, depth: int) -> int:
