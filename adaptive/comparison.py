@@ -134,22 +134,23 @@ def warm_pair(name: str):
 
 
 def grid_live(config: ExperimentConfig, depths: list[int], per_language: int, new_tokens: int) -> dict[int, float]:
-    """Live speedup over plain decoding of each static depth on the first val prompts per language."""
+    """Live speedup over plain decoding of each static depth on the first val prompts per language: the
+    median over prompts of each prompt's back-to-back ratio, so that one disturbed generation on this
+    shared machine cannot flip the choice."""
     from adaptive.workload import chat_ids, load_prompts
     from policies import make_policy
 
     pair = warm_pair(config.pair)
     policies = {g: (lambda g=g: make_policy(f"static:{g}")) for g in depths}
-    tokens = {name: 0 for name in ("plain", *depths)}
-    seconds = dict.fromkeys(tokens, 0.0)
+    ratios: dict[int, list[float]] = {g: [] for g in depths}
     for lang in LANGS:
         for prompt in load_prompts("val", lang=lang)[:per_language]:
             runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), chain_decoders(pair, policies, config.env.max_depth), new_tokens)
-            for name, (result, _) in runs.items():
-                tokens[name] += len(result.token_ids)
-                seconds[name] += result.total_time
-    plain = tokens["plain"] / seconds["plain"]
-    return {g: tokens[g] / seconds[g] / plain for g in depths}
+            plain = runs["plain"][0]
+            for g in depths:
+                result = runs[g][0]
+                ratios[g].append(len(result.token_ids) / result.total_time / (len(plain.token_ids) / plain.total_time))
+    return {g: statistics.median(values) for g, values in ratios.items()}
 
 
 def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
@@ -291,7 +292,8 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
         f"Test split: {result['test_prompts']} prompts (replay, greedy, exact acceptances, time from {result['profile']}); "
         f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock.",
         f"Grid search: best in replay (train and val traces, mean of both) static:{fitted['grid_replay_best']}"
-        + (f"; live on val prompts ({', '.join(f'static:{g} {v:.2f}x' for g, v in fitted['grid_live'].items())}) chose static:{fitted['grid_best']}; "
+        + (f"; live on val prompts (median per-prompt speedup: {', '.join(f'static:{g} {v:.2f}x' for g, v in fitted['grid_live'].items())}) "
+           f"chose static:{fitted['grid_best']}; "
            if "grid_live" in fitted else "; ")
         + f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}.",
         "",
