@@ -33,6 +33,7 @@ class CachedModel:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = model.device
+        self.dtype = next(model.parameters()).dtype
         self.cache_keyword = cache_keyword(model)
         self.cache = DynamicCache(config=model.config)
         self.length = 0

@@ -60,8 +60,7 @@ def _feed(model: CachedModel, tokens: list[int], tree_mask: bool) -> None:
         model.forward(tokens)
         return
     cached = model.length
-    dtype = next(model.model.parameters()).dtype
-    mask = attention_mask(cached, [list(range(cached + i)) for i in range(len(tokens))], dtype, model.device)
+    mask = attention_mask(cached, [cached + i for i in range(len(tokens))], [[] for _ in tokens], model.dtype, model.device)
     model.forward_masked(tokens, range(cached, cached + len(tokens)), mask)
 
 

@@ -10,9 +10,12 @@ equal the target's arg-max at their parents. A tree with ``branching = width = 1
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from adaptive.cached_model import CachedModel
 
 
 @dataclass(frozen=True)
@@ -122,17 +125,37 @@ def rank_children(logits: torch.Tensor, branching: int, chunk: int = 32) -> tupl
     return tokens, values, top1, entropy
 
 
-def attention_mask(cached: int, visible: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def attention_mask(cached: int, prefixes: list[int], extra: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive mask ``[1, 1, n, cached + n]`` for ``n`` new tokens after ``cached`` cache entries: new token
-    ``i`` sees the cache columns listed in ``visible[i]`` and itself; nothing else."""
-    n = len(visible)
-    allowed = torch.zeros(n, cached + n, dtype=torch.bool)
-    for row, columns in enumerate(visible):
-        allowed[row, list(columns)] = True
-        allowed[row, cached + row] = True
-    mask = torch.zeros(n, cached + n, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    ``i`` sees the first ``prefixes[i]`` columns, the columns listed in ``extra[i]`` (its tree ancestors) and
+    itself; nothing else."""
+    n = len(prefixes)
+    allowed = torch.arange(cached + n)[None, :] < torch.tensor(prefixes, dtype=torch.long)[:, None]
+    for row, columns in enumerate(extra):
+        allowed[row, columns] = True
+    allowed[torch.arange(n), cached + torch.arange(n)] = True
+    mask = torch.zeros(n, cached + n, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
+
+
+def grow_level(model: CachedModel, trees: list[DraftTree], contexts: list[int], shape: TreeShape, clock: Callable[[], float]) -> float:
+    """Expand the best ``shape.width`` nodes of each tree's deepest level in ONE batched draft forward. Tree
+    ``t`` hangs below the first ``contexts[t]`` entries of ``model``'s cache; each node sees those, its
+    ancestors' entries and itself. Returns the seconds spent in the forward (timed with ``clock``)."""
+    rows = [(t, i) for t, tree in enumerate(trees) for i in tree.frontier(shape.width)]
+    cached = model.length
+    ancestors = [[trees[t].slots[a] for a in trees[t].ancestors(i)] for t, i in rows]
+    mask = attention_mask(cached, [contexts[t] for t, _ in rows], ancestors, model.dtype, model.device)
+    positions = [contexts[t] - 1 + trees[t].nodes[i].depth for t, i in rows]
+    start = clock()
+    logits = model.forward_masked([trees[t].nodes[i].token for t, i in rows], positions, mask)
+    seconds = clock() - start
+    for row, (t, i) in enumerate(rows):
+        trees[t].slots[i] = cached + row
+    ranked = rank_children(logits, shape.branching)
+    for row, (t, i) in enumerate(rows):
+        trees[t].add_ranked(i, *(column[row] for column in ranked))
+    return seconds
 
 
 def accept_greedy(tree: DraftTree, selected: list[int], root_choice: int, node_choices: list[int]) -> list[int]:

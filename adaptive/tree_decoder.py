@@ -22,7 +22,7 @@ from adaptive.decoder import Clock, GenerationResult, TokenBudget, eos_token_ids
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.sampling import check_logits
-from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, rank_children
+from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
 
 
 class TreeDecoder:
@@ -55,7 +55,6 @@ class TreeDecoder:
         self.policy, self.shape, self.tokenizer, self.max_depth = policy, shape, tokenizer, max_depth
         self.eos = eos_token_ids(target, eos_token_id)
         self.clock = Clock(target.device)
-        self._forward_time = 0.0
 
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128) -> GenerationResult:
         """Generate up to ``max_new_tokens`` greedy tokens after ``prompt``."""
@@ -84,11 +83,10 @@ class TreeDecoder:
         context = len(tokens)
         cap = min(self.max_depth, budget.remaining - 1)
         t0 = clock()
-        self._forward_time = 0.0
-        tree, steps, policy_time = DraftTree(), [], 0.0
+        tree, steps, policy_time, forward_time = DraftTree(), [], 0.0, 0.0
         if cap > 0:
             logits = self.draft.forward(tokens[self.draft.length :])[-1]
-            self._forward_time = clock() - t0
+            forward_time = clock() - t0
             tree.add_children(-1, logits, shape.branching)
             steps.append(_step(tree.best_at(1)))
             while tree.depth < cap:
@@ -97,7 +95,7 @@ class TreeDecoder:
                 policy_time += clock() - t1
                 if not go_on:
                     break
-                self._grow(tree, context)
+                forward_time += grow_level(self.draft, [tree], [context], shape, clock)
                 steps.append(_step(tree.best_at(tree.depth)))
         draft_time = clock() - t0 - policy_time
         size = shape.size
@@ -107,45 +105,30 @@ class TreeDecoder:
             policy_time += clock() - t1
         t0 = clock()
         selected = tree.select(size) if tree.nodes else []
+        row = {index: j for j, index in enumerate(selected)}  # node -> its place among the verified nodes
         pending = tokens[self.target.length :]
         cached = self.target.length
-        visible = [list(range(cached + i)) for i in range(len(pending))]
-        visible += [list(range(context)) + [context + selected.index(a) for a in tree.ancestors(i)] for i in selected]
+        prefixes = [cached + i for i in range(len(pending))] + [context] * len(selected)
+        ancestors = [[] for _ in pending] + [[context + row[a] for a in tree.ancestors(i)] for i in selected]
         positions = [cached + i for i in range(len(pending))] + [context - 1 + tree.nodes[i].depth for i in selected]
-        mask = attention_mask(cached, visible, _dtype(self.target), self.target.device)
+        mask = attention_mask(cached, prefixes, ancestors, self.target.dtype, self.target.device)
         t1 = clock()
         logits = self.target.forward_masked(pending + [tree.nodes[i].token for i in selected], positions, mask)[len(pending) - 1 :]
-        self._forward_time += clock() - t1
+        forward_time += clock() - t1
         check_logits(logits)
         choices = logits.argmax(dim=-1).tolist()
         path = accept_greedy(tree, selected, choices[0], choices[1:])
-        bonus = choices[1 + selected.index(path[-1])] if path else choices[0]
+        bonus = choices[1 + row[path[-1]]] if path else choices[0]
         emitted = budget.emit([tree.nodes[i].token for i in path] + [bonus])
-        self.target.keep(list(range(context)) + [context + selected.index(i) for i in path])
+        self.target.keep(list(range(context)) + [context + row[i] for i in path])
         fed = [tree.slots[i] for i in _fed_prefix(tree, path)]
         self.draft.keep(list(range(min(self.draft.length, context))) + (fed if self.draft.length >= context else []))
         tokens.extend(emitted)
         return RoundStats(
             context_length=context, drafted=tree.depth, verified=len(selected), accepted=len(path), emitted=len(emitted),
             tokens=tuple(emitted), draft_time=draft_time, verify_time=clock() - t0, policy_time=policy_time,
-            forward_time=self._forward_time, steps=tuple(steps),
+            forward_time=forward_time, steps=tuple(steps),
         )
-
-    def _grow(self, tree: DraftTree, context: int) -> None:
-        """Expand the best ``width`` nodes of the deepest level in one batched draft forward."""
-        frontier = tree.frontier(self.shape.width)
-        cached = self.draft.length
-        visible = [list(range(context)) + [tree.slots[a] for a in tree.ancestors(i)] for i in frontier]
-        positions = [context - 1 + tree.nodes[i].depth for i in frontier]
-        mask = attention_mask(cached, visible, _dtype(self.draft), self.draft.device)
-        t0 = self.clock()
-        logits = self.draft.forward_masked([tree.nodes[i].token for i in frontier], positions, mask)
-        self._forward_time += self.clock() - t0
-        for row, index in enumerate(frontier):
-            tree.slots[index] = cached + row
-        ranked = rank_children(logits, self.shape.branching)
-        for row, index in enumerate(frontier):
-            tree.add_ranked(index, *(column[row] for column in ranked))
 
 
 def _step(node) -> DraftStep:
@@ -160,7 +143,3 @@ def _fed_prefix(tree: DraftTree, path: list[int]) -> list[int]:
             break
         prefix.append(index)
     return prefix
-
-
-def _dtype(model: CachedModel) -> torch.dtype:
-    return next(model.model.parameters()).dtype

@@ -19,6 +19,7 @@ verification order — the only use replay has for the draft's scores (tokens ar
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
 from adaptive.traces import read_npz, write_npz
-from adaptive.tree import DraftTree, TreeShape, rank_children
+from adaptive.tree import DraftTree, TreeShape, grow_level, rank_children
 
 TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/1"
 
@@ -106,22 +107,8 @@ def grow_trees(draft: PreTrainedModel, prompt: list[int], output: list[int], sha
     ranked = rank_children(logits, shape.branching)
     for t, tree in enumerate(trees):
         tree.add_ranked(-1, *(column[t] for column in ranked))
-    dtype = next(draft.parameters()).dtype
     for _ in range(depth - 1):
-        rows = [(t, i) for t, tree in enumerate(trees) for i in tree.frontier(shape.width)]
-        cached = model.length
-        allowed = torch.arange(cached + len(rows))[None, :] < torch.tensor([p + t for t, _ in rows])[:, None]
-        for row, (t, i) in enumerate(rows):
-            allowed[row, [trees[t].slots[a] for a in trees[t].ancestors(i)]] = True
-            allowed[row, cached + row] = True
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None].to(draft.device)
-        positions = [p + t - 1 + trees[t].nodes[i].depth for t, i in rows]
-        logits = model.forward_masked([trees[t].nodes[i].token for t, i in rows], positions, mask)
-        for row, (t, i) in enumerate(rows):
-            trees[t].slots[i] = cached + row
-        ranked = rank_children(logits, shape.branching)
-        for row, (t, i) in enumerate(rows):
-            trees[t].add_ranked(i, *(column[row] for column in ranked))
+        grow_level(model, trees, [p + t for t in range(n)], shape, time.perf_counter)
     return trees
 
 

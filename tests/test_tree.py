@@ -3,12 +3,14 @@ plain greedy, a k=1 tree identical to the chain decoder, and cache compaction to
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder, generate_plain
-from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask
+from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
 from adaptive.tree_decoder import TreeDecoder
 from policies import make_policy
 from conftest import tiny_llama
@@ -17,12 +19,12 @@ PROMPT = [1, 5, 2, 9, 4, 4, 7]
 
 
 def _grown_tree(draft, context: list[int], shape: TreeShape, depth: int) -> DraftTree:
-    """A tree grown by the decoder's own expansion step below ``context``."""
-    decoder = TreeDecoder(draft, draft, make_policy("static:1"), shape)
+    """A tree grown by the decoder's own expansion step (``grow_level``) below ``context``."""
+    model = CachedModel(draft)
     tree = DraftTree()
-    tree.add_children(-1, decoder.draft.forward(context)[-1], shape.branching)
+    tree.add_children(-1, model.forward(context)[-1], shape.branching)
     for _ in range(depth - 1):
-        decoder._grow(tree, len(context))
+        grow_level(model, [tree], [len(context)], shape, time.perf_counter)
     return tree
 
 
@@ -39,9 +41,10 @@ def test_tree_forward_matches_a_plain_forward_of_every_path(target):
     model = CachedModel(target)
     model.forward(context[:-1])
     cached = model.length
-    visible = [list(range(cached))] + [list(range(len(context))) + [len(context) + selected.index(a) for a in tree.ancestors(i)] for i in selected]
+    prefixes = [cached] + [len(context)] * len(selected)
+    ancestors = [[]] + [[len(context) + selected.index(a) for a in tree.ancestors(i)] for i in selected]
     positions = [cached] + [len(context) - 1 + tree.nodes[i].depth for i in selected]
-    logits = model.forward_masked([context[-1]] + [tree.nodes[i].token for i in selected], positions, attention_mask(cached, visible, torch.float64, target.device))
+    logits = model.forward_masked([context[-1]] + [tree.nodes[i].token for i in selected], positions, attention_mask(cached, prefixes, ancestors, torch.float64, target.device))
     assert torch.allclose(logits[0], _last_logits(target, context), atol=1e-10)
     for row, index in enumerate(selected, start=1):
         path = [tree.nodes[a].token for a in tree.ancestors(index)] + [tree.nodes[index].token]
