@@ -26,7 +26,7 @@ from adaptive.evaluation import (
     acceptance_rate,
     choices,
     costmodel_depths,
-    grid_search,
+    grid_search_splits,
     play,
     summarise,
 )
@@ -50,18 +50,13 @@ def candidates(
     Grid search ranks static depths in replay on the train and val traces; with ``grid_live_per_language``
     the best few are then decoded live on val prompts and the fastest in wall clock is chosen."""
     from envs.factory import default_traces
-    from envs.replay import ReplayBackend
     from policies import make_policy
     from policies.learned import load_policy
 
     depth = config.env.max_depth
     train, val = TraceSet.load(default_traces("train", config.pair)), TraceSet.load(default_traces("val", config.pair))
-    fitted: dict = {}
-    for name, traces in (("train", train), ("val", val)):
-        best, speeds = grid_search(ReplayBackend(traces, profile, depth), range(len(traces)), traces.langs, depth, config.env.decision_seconds)
-        fitted[f"grid_{name}"] = {"best": best, "speedups": speeds}
-    both = {g: (fitted["grid_train"]["speedups"][g] + fitted["grid_val"]["speedups"][g]) / 2 for g in range(1, depth + 1)}
-    ranked = sorted(both, key=lambda g: (-both[g], g))
+    ranked, speeds = grid_search_splits({"train": train, "val": val}, profile, depth, config.env.decision_seconds)
+    fitted: dict = {f"grid_{name}": {"best": max(s, key=lambda g: (s[g], -g)), "speedups": s} for name, s in speeds.items()}
     fitted["grid_replay_best"] = ranked[0]
     if grid_live_per_language:
         live = grid_live(config, sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens)

@@ -80,6 +80,17 @@ def grid_search(backend, prompts: Sequence[int], langs: Sequence[str], max_depth
     return max(speeds, key=lambda g: (speeds[g], -g)), speeds
 
 
+def grid_search_splits(splits: dict[str, TraceSet], profile: CostProfile, max_depth: int, decision_seconds: float) -> tuple[list[int], dict[str, dict[int, float]]]:
+    """Grid search over static depth on several trace sets (e.g. train and val): depths ranked by their mean
+    replayed speedup (best first, ties to the shallower), and every set's speedups."""
+    from envs.replay import ReplayBackend
+
+    speeds = {name: grid_search(ReplayBackend(traces, profile, max_depth), range(len(traces)), traces.langs, max_depth, decision_seconds)[1]
+              for name, traces in splits.items()}
+    mean = {g: sum(s[g] for s in speeds.values()) / len(speeds) for g in range(1, max_depth + 1)}
+    return sorted(mean, key=lambda g: (-mean[g], g)), speeds
+
+
 def acceptance_rate(traces: TraceSet) -> float:
     """Maximum-likelihood i.i.d. α from the match lengths: each position shows m(t) acceptances, then one
     rejection unless m(t) reached K (or the end of the output)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from adaptive.comparison import LANGS, live_report, live_rows, replay_table, summarise_live, track_comparison, warm_pair
 from adaptive.config import ExperimentConfig
 from adaptive.cost_profile import CostProfile
-from adaptive.evaluation import PromptRecord, grid_search, play
+from adaptive.evaluation import PromptRecord, grid_search_splits, play
 from adaptive.report import format_table
 from adaptive.traces import TraceSet
 from adaptive.tree_traces import TreeTraceSet
@@ -67,11 +67,9 @@ def evaluate_trees(
     chains = {split: TraceSet.load(default_traces(split, config.pair)) for split in ("train", "val", "test")}
     trees = {split: TreeTraceSet.load(default_traces(split, config.pair, tree=True)) for split in ("train", "val", "test")}
     shape = trees["test"].shape
-    fitted: dict = {"chain_grid": {}}
-    for split in ("train", "val"):
-        fitted["chain_grid"][split] = grid_search(ReplayBackend(chains[split], profile, depth), range(len(chains[split])), chains[split].langs, depth, seconds)[1]
-    both = {g: (fitted["chain_grid"]["train"][g] + fitted["chain_grid"]["val"][g]) / 2 for g in range(1, depth + 1)}
-    chain_best = max(both, key=lambda g: (both[g], -g))
+    ranked, chain_speeds = grid_search_splits({split: chains[split] for split in ("train", "val")}, profile, depth, seconds)
+    chain_best = ranked[0]
+    fitted: dict = {"chain_grid": chain_speeds}
     (tree_depth, tree_size), fitted["tree_grid"] = tree_grid([trees["train"], trees["val"]], profile, depth, seconds, sizes)
     fitted.update(chain_best=chain_best, tree_best={"depth": tree_depth, "size": tree_size}, shape=shape.__dict__)
 
