@@ -31,6 +31,7 @@ class TraceReplay(Backend):
         self.num_prompts = len(traces)
         self.prompt = 0
         self._budget = traces.max_new_tokens
+        self._features = traces.features.tolist()  # Python floats: faster to index one at a time than numpy
         self._start = self._length = self._t = self._depth = self._prompt_length = 0
         self._recent: list[int] = []
 
@@ -58,6 +59,13 @@ class TraceReplay(Backend):
     @property
     def recent(self) -> Sequence[int]:
         return self._recent
+
+    def draft(self) -> tuple[float, float, float]:
+        if self._depth >= self.cap:
+            raise ValueError(f"this round is already {self._depth} {'levels' if self.tree else 'tokens'} deep, its cap")
+        top1, entropy, log_prob = self._features[self._start + self._t][self._depth]
+        self._depth += 1
+        return top1, entropy, log_prob
 
     def _end_round(self, size: int, accepted: int) -> Cycle:
         """Emit the accepted tokens plus one (fewer at the end of the output), time the round, move on."""
@@ -91,7 +99,6 @@ class ReplayBackend(TraceReplay):
             raise ValueError(f"the profile times verifications of up to {profile.max_verify} tokens, max_depth is {self.max_depth}")
         self._setup(traces, profile)
         self._match = traces.match.tolist()  # Python ints: faster to index one at a time than numpy
-        self._features = traces.features.tolist()
         self._accept = traces.accept_prob.tolist() if traces.sampled else None
         self._rng = np.random.default_rng(0)
 
@@ -106,13 +113,6 @@ class ReplayBackend(TraceReplay):
         if self._accept is not None:
             raise ValueError("sampled (T > 0) traces have no match lengths: the oracle needs greedy traces")
         return self._match[self._start + self._t]
-
-    def draft(self) -> tuple[float, float, float]:
-        if self._depth >= self.cap:
-            raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
-        top1, entropy, log_prob = self._features[self._start + self._t][self._depth]
-        self._depth += 1
-        return top1, entropy, log_prob
 
     def verify(self, size: int) -> Cycle:
         depth = self._depth

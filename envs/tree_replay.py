@@ -35,7 +35,6 @@ class TreeReplayBackend(TraceReplay):
         if not 1 <= self.size <= profile.max_verify:
             raise ValueError(f"size must lie in 1..{profile.max_verify} (the profile's largest verification), got {size}")
         self._setup(traces, profile)
-        self._features = traces.features.tolist()
         self._need = nodes_needed(traces.rank, traces.depth, traces.on_path, traces.max_depth).tolist()
         grown = [(traces.depth >= 1) & (traces.depth <= d) for d in range(1, traces.max_depth + 1)]
         self._nodes_by_depth = np.stack(grown, axis=1).sum(axis=2)
@@ -50,13 +49,6 @@ class TreeReplayBackend(TraceReplay):
 
     def default_size(self, depth: int) -> int:
         return min(self.size, self.verifiable(depth))
-
-    def draft(self) -> tuple[float, float, float]:
-        if self._depth >= self.cap:
-            raise ValueError(f"this round's tree is already {self._depth} levels deep, its cap")
-        top1, entropy, log_prob = self._features[self._start + self._t][self._depth]
-        self._depth += 1
-        return top1, entropy, log_prob
 
     def verify(self, size: int) -> Cycle:
         depth = self._depth
