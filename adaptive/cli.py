@@ -233,7 +233,7 @@ def _record_trees(args: argparse.Namespace) -> int:
     from adaptive.traces import TraceSet
     from adaptive.tree import TreeShape
     from adaptive.tree_traces import record_trees
-    from adaptive.workload import chat_ids, load_prompts
+    from adaptive.workload import chat_ids, first_per_language, load_prompts
 
     if args.temperature > 0:
         raise ValueError("--tree records greedy traces only (tree mode is greedy-only); drop --temperature")
@@ -247,7 +247,7 @@ def _record_trees(args: argparse.Namespace) -> int:
     by_id = {p["id"]: p for p in load_prompts(args.split)}
     keep = [i for i in range(len(chain)) if args.lang in (None, chain.langs[i])]
     if args.per_language:
-        keep = [i for i in keep if sum(chain.langs[j] == chain.langs[i] for j in keep if j < i) < args.per_language]
+        keep = [keep[k] for k in first_per_language([chain.langs[i] for i in keep], args.per_language)]
     keep = keep[: args.limit]
     prompts = [by_id[chain.prompt_ids[i]] for i in keep]
     ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
@@ -275,7 +275,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     from adaptive.profiling import hardware_description, load_profile
     from adaptive.recorder import record
-    from adaptive.workload import chat_ids, load_prompts
+    from adaptive.workload import chat_ids, first_per_language, load_prompts
     from policies import make_policy
 
     if args.depth < 1 or args.max_new_tokens < 2:
@@ -286,7 +286,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     name = args.pair or Path(args.draft).name
     prompts = load_prompts(args.split, lang=args.lang)
     if args.per_language:
-        prompts = [p for lang in dict.fromkeys(p["lang"] for p in prompts) for p in [q for q in prompts if q["lang"] == lang][: args.per_language]]
+        prompts = [prompts[k] for k in first_per_language([p["lang"] for p in prompts], args.per_language)]
     prompts = prompts[: args.limit]
     given = None
     if args.outputs:

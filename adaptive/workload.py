@@ -5,6 +5,7 @@ train / val / test. The test split is for final evaluation only."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "workload" / "prompts.jsonl"
@@ -25,6 +26,17 @@ def load_prompts(split: str, lang: str | None = None, task: str | None = None, p
         raise FileNotFoundError(f"{path} is missing; build it with `python scripts/build_workload.py`")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     return [r for r in rows if r["split"] == split and lang in (None, r["lang"]) and task in (None, r["task"])]
+
+
+def first_per_language(langs: list[str], per_language: int) -> list[int]:
+    """Indices of the first ``per_language`` items of each language, in their original order."""
+    seen: Counter[str] = Counter()
+    kept = []
+    for index, lang in enumerate(langs):
+        seen[lang] += 1
+        if seen[lang] <= per_language:
+            kept.append(index)
+    return kept
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

@@ -22,7 +22,7 @@ from adaptive.report import format_table
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.tree_traces import TreeTraceSet
-from adaptive.workload import chat_ids, load_prompts
+from adaptive.workload import chat_ids, first_per_language, load_prompts
 from envs.rollout import run_policy
 from envs.tree_replay import TreeReplayBackend
 from policies import make_policy
@@ -43,7 +43,7 @@ def main() -> None:
     pair = load_pair(traces.metadata["pair"])
     shape, depth = traces.shape, traces.max_depth
     rows_by_id = {p["id"]: p for p in load_prompts(traces.metadata["split"])}
-    chosen = [i for lang in ("it", "en", "zh", "es") for i in [j for j in range(len(traces)) if traces.langs[j] == lang][: args.per_language]]
+    chosen = first_per_language(traces.langs, args.per_language)
     configs = [(spec, size) for spec, size in CONFIGS] + [(run, shape.size) for run in args.policy]
     table, report = [], []
     for spec, size in configs:
