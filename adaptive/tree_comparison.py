@@ -75,10 +75,11 @@ def evaluate_trees(
 
     test_chain, test_tree = chains["test"], trees["test"]
     chain_backend = ReplayBackend(test_chain, profile, depth)
+    tree_backend = TreeReplayBackend(test_tree, profile, depth, tree_size)  # one backend; its default V is set per play
     replay: dict[str, list[PromptRecord]] = {
         f"chain grid (static:{chain_best})": play(chain_backend, lambda: StaticDepth(chain_best), range(len(test_chain)), test_chain.langs, seconds),
         f"tree grid (static:{tree_depth}, V={tree_size})": play(
-            TreeReplayBackend(test_tree, profile, depth, tree_size), lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds
+            tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds
         ),
     }
     pair = warm_pair(config.pair) if live_per_language else None
@@ -95,7 +96,8 @@ def evaluate_trees(
         tree = policy.metadata.get("tree")
         name = f"{'tree' if tree else 'chain'} learned ({Path(path).name})"
         if tree:
-            replay[name] = play(TreeReplayBackend(test_tree, profile, depth, tree["size"]), lambda p=policy: p, range(len(test_tree)), test_tree.langs, seconds)
+            tree_backend.size = tree["size"]
+            replay[name] = play(tree_backend, lambda p=policy: p, range(len(test_tree)), test_tree.langs, seconds)
         else:  # a chain run decodes with the depth cap it was trained with
             own = ReplayBackend(test_chain, profile, policy.schema.max_depth)
             replay[name] = play(own, lambda p=policy: p, range(len(test_chain)), test_chain.langs, seconds)
