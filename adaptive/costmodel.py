@@ -10,10 +10,8 @@ dependence between positions that the α^i approximation throws away.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 GCurve = float | Mapping[int, float]
 """Verification cost in units of one plain target step: a constant, or a measured value per γ."""
@@ -97,6 +95,12 @@ def best(points: Sequence[OperatingPoint]) -> OperatingPoint:
     return max(points, key=lambda point: (point.speedup, -point.gamma))
 
 
+def throughput_speedup(tokens: float, seconds: float, target_step_seconds: float) -> float:
+    """Measured (or replayed) throughput in units of plain decoding: tokens per second × one target step.
+    Works elementwise on NumPy arrays too."""
+    return tokens / seconds * target_step_seconds
+
+
 def speedup(alpha: float, gamma: int, c: float, g: GCurve = 1.0) -> float:
     """S = E(α, γ) / (g(γ) + c·γ)."""
     return expected_tokens(alpha, gamma) / round_cost(c, g, gamma)
@@ -117,11 +121,3 @@ def optimal_gamma(alpha: float, c: float, g: GCurve = 1.0, max_gamma: int = 16) 
 def optimal_gamma_from_lengths(lengths: Sequence[int], c: float, g: GCurve = 1.0, max_gamma: int = 16) -> OperatingPoint:
     """The static depth that maximises S under the empirical match-length distribution."""
     return best(sweep(lambda gamma: expected_tokens_from_lengths(lengths, gamma), c, g, max_gamma))
-
-
-def load_g_profile(path: str | Path) -> dict[int, float]:
-    """Read g(γ) from a JSON file: ``{"g": {"1": 1.02, "2": 1.05, ...}}`` (other keys are ignored)."""
-    data = json.loads(Path(path).read_text())
-    if "g" not in data or not isinstance(data["g"], dict):
-        raise ValueError(f"{path}: expected a JSON object with a 'g' mapping from gamma to cost")
-    return {int(gamma): float(value) for gamma, value in data["g"].items()}

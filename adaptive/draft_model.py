@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
@@ -97,7 +98,5 @@ def load_draft(folder: str | Path, target: PreTrainedModel) -> LlamaForCausalLM:
 
 def read_metadata(folder: str | Path) -> dict[str, str]:
     """The provenance metadata stored inside a draft's safetensors file."""
-    from safetensors import safe_open
-
     with safe_open(Path(folder) / WEIGHTS, framework="pt") as handle:
         return dict(handle.metadata() or {})

@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from adaptive.cached_model import output_vocab_size
+from adaptive.draft_model import WEIGHTS, load_draft
+from adaptive.models import smollm2_folder
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,11 +65,17 @@ def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPa
     """
     if name not in PAIRS:
         raise ValueError(f"unknown pair {name!r}; known pairs: {', '.join(f'{k} ({v})' for k, v in PAIRS.items())}")
-    from adaptive.models import smollm2_folder
-
     pair = load_pair_from_paths(smollm2_folder(), ASSETS / f"{name}-draft", dtype, device)
     pair.name = name
     return pair
+
+
+def load_target(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[PreTrainedModel, object]:
+    """The target of a named pair and its tokenizer, without the draft (e.g. to distil a new draft)."""
+    if name not in PAIRS:
+        raise ValueError(f"unknown pair {name!r}; known pairs: {', '.join(PAIRS)}")
+    folder = smollm2_folder()
+    return load_model(folder, dtype, device), AutoTokenizer.from_pretrained(str(folder))
 
 
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
@@ -85,8 +93,6 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "fl
     target's), or a draft made by ``adaptive distill``, which is built on the target's embedding and
     therefore shares its tokenizer by construction.
     """
-    from adaptive.draft_model import WEIGHTS, load_draft
-
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     target_model = load_model(target, dtype, device)
     if (Path(draft) / WEIGHTS).is_file():

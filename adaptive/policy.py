@@ -12,9 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-
 RECENT_ROUNDS = 8
 """How many recent accepted lengths a policy sees in :class:`DraftState`."""
+
+
+def depth_cap(max_depth: int, remaining: int) -> int:
+    """A round's depth cap: the decoder's ``max_depth``, or fewer near the end of the token budget (a round
+    emits at most its depth + 1 tokens, so drafting past ``remaining - 1`` is wasted)."""
+    return min(max_depth, remaining - 1)
+
+
+def verifiable(size: int, depth: int) -> bool:
+    """A round of ``depth`` drafted tokens verifies 1..depth of them (0 only when nothing was drafted)."""
+    return 0 <= size <= depth and (size >= 1 or depth == 0)
 
 
 @dataclass(frozen=True)

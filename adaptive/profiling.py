@@ -1,13 +1,8 @@
-"""Hardware cost profile of a model pair: draft step time and target verification time as a function of
-the tokens verified and the context length, measured on this machine.
-
-The profile's ``c`` (draft step / target step) and ``g`` (verification of γ drafted tokens, i.e. γ+1 fed
-tokens, / target step) are what the cost model, the environments and the evaluation consume.
-"""
+"""Measuring a pair's cost profile on this machine: draft step time and target verification time as a
+function of the tokens verified and the context length (the profile itself: :mod:`adaptive.profile`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -18,7 +13,8 @@ import torch
 from tqdm import tqdm
 
 from adaptive.cached_model import CachedModel
-from adaptive.decoder import Clock
+from adaptive.generation import Clock
+from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask
 
 
@@ -90,8 +86,8 @@ def profile_pair(
     repetitions: int = 7,
     seed: int = 0,
     tree_mask: bool = False,
-) -> dict:
-    """Measure the pair; returns the profile as a JSON-ready dict.
+) -> CostProfile:
+    """Measure the pair on this machine.
 
     Args:
         max_verify: largest number of tokens fed to the target in one verification.
@@ -121,51 +117,8 @@ def profile_pair(
                 times = _time_forward(target_cache, context, new[:n], repetitions, clock, tree_mask)
                 result["verify"][str(ctx)][str(n)] = _summary(times)
                 progress.update()
-    reference = result["verify"][str(reference_context)]
-    step = reference["1"]["median_ms"]
-    result["target_step_ms"] = step
-    result["draft_step_ms"] = result["draft_step"][str(reference_context)]["median_ms"]
-    result["c"] = result["draft_step_ms"] / step
-    result["g"] = {str(gamma): reference[str(gamma + 1)]["median_ms"] / step for gamma in range(0, max_verify)}
+    summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    return result
-
-
-def save_profile(profile: dict, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(profile, indent=1))
-
-
-def load_profile(path: str | Path) -> dict:
-    """Read a profile written by :func:`save_profile` (``adaptive profile``)."""
-    profile = json.loads(Path(path).read_text())
-    for key in ("c", "g", "target_step_ms", "hardware"):
-        if key not in profile:
-            raise ValueError(f"{path} is not a cost profile: key {key!r} is missing")
-    return profile
-
-
-def scaled_profile(profile: dict, verify_slope: float, draft_scale: float) -> dict:
-    """A what-if profile derived from a measured one: every extra verified token costs ``verify_slope``
-    times what it was measured to cost (a machine with more parallel compute), and every draft step
-    ``draft_scale`` times. Marked as derived in its ``hardware`` entry."""
-    if verify_slope < 0 or draft_scale <= 0:
-        raise ValueError(f"verify_slope must be >= 0 and draft_scale > 0, got {verify_slope} and {draft_scale}")
-    derived = json.loads(json.dumps(profile))
-    for ctx, row in derived["verify"].items():
-        base = profile["verify"][ctx]["1"]["median_ms"]
-        for n, point in row.items():
-            for key in ("median_ms", "p25_ms", "p75_ms"):
-                point[key] = base + verify_slope * (profile["verify"][ctx][n][key] - base)
-    for point in derived["draft_step"].values():
-        for key in ("median_ms", "p25_ms", "p75_ms"):
-            point[key] *= draft_scale
-    reference = derived["verify"][str(profile["reference_context"])]
-    step = reference["1"]["median_ms"]
-    derived["draft_step_ms"] = derived["draft_step"][str(profile["reference_context"])]["median_ms"]
-    derived["c"] = derived["draft_step_ms"] / step
-    derived["g"] = {str(gamma): reference[str(gamma + 1)]["median_ms"] / step for gamma in range(len(reference))}
-    derived["hardware"] = {**profile["hardware"], "what_if": f"derived: verify slope x{verify_slope:g}, draft step x{draft_scale:g}"}
-    return derived
+    return CostProfile.from_dict(result)

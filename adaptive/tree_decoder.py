@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel
-from adaptive.decoder import Clock, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
-from adaptive.pair import check_compatible
-from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats
+from adaptive.generation import Decoder, Generation, TokenBudget
+from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.sampling import check_logits
 from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
 
+DEFAULT_SHAPE = TreeShape()
+"""k = 4, W = 4, V = 32."""
 
-class TreeDecoder:
+
+class TreeDecoder(Decoder):
     """Greedy speculative decoding with EAGLE-2-style draft trees; output identical to plain greedy.
 
     Args:
@@ -42,93 +42,97 @@ class TreeDecoder:
         target: PreTrainedModel,
         draft: PreTrainedModel,
         policy: DraftPolicy,
-        shape: TreeShape = TreeShape(),
+        shape: TreeShape = DEFAULT_SHAPE,
         *,
         tokenizer=None,
         max_depth: int = 8,
         eos_token_id: int | Sequence[int] | None = None,
     ) -> None:
-        check_compatible(target, draft, tokenizer, None)
-        if max_depth < 1:
-            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
-        self.target, self.draft = CachedModel(target), CachedModel(draft)
-        self.policy, self.shape, self.tokenizer, self.max_depth = policy, shape, tokenizer, max_depth
-        self.eos = eos_token_ids(target, eos_token_id)
-        self.clock = Clock(target.device)
+        super().__init__(target, draft, policy, tokenizer=tokenizer, max_depth=max_depth, eos_token_id=eos_token_id)
+        self.shape = shape
 
-    def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` greedy tokens after ``prompt``."""
-        tokens = prompt_token_ids(prompt, self.tokenizer)
-        prompt_ids, budget = list(tokens), TokenBudget(max_new_tokens, self.eos)
-        start = self.clock()
-        self.policy.reset()
-        for model in (self.target, self.draft):
-            model.reset()
-            if len(tokens) > 1:
-                model.forward(tokens[:-1])
-        rounds: list[RoundStats] = []
-        first_token_time = 0.0
-        while not budget.stop_reason:
-            stats = self._round(tokens, budget, [r.accepted for r in rounds[-RECENT_ROUNDS:]])
-            self.policy.observe(stats)
-            if not rounds:
-                first_token_time = self.clock() - start
-            rounds.append(stats)
-        total = self.clock() - start
-        text = self.tokenizer.decode(budget.tokens, skip_special_tokens=True) if self.tokenizer else None
-        return GenerationResult(prompt_ids, budget.tokens, rounds, total - sum(r.total_time for r in rounds), total, budget.stop_reason, text, first_token_time)
+    def _begin(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> TreeGeneration:
+        return TreeGeneration(self, prompt_ids, output)
 
-    def _round(self, tokens: list[int], budget: TokenBudget, recent: list[int]) -> RoundStats:
-        clock, shape = self.clock, self.shape
-        context = len(tokens)
-        cap = min(self.max_depth, budget.remaining - 1)
+
+class TreeGeneration(Generation):
+    """A tree generation in progress: each draft step grows the round's tree by one level (the first from
+    the last confirmed token, the next ones with one batched draft forward over the W best frontier nodes)."""
+
+    decoder: TreeDecoder
+
+    def _begin_round(self) -> None:
+        super()._begin_round()
+        self.tree = DraftTree()
+        self._steps: list[DraftStep] = []
+        self._draft_time = self._forward_time = 0.0
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth
+
+    def steps(self) -> tuple[DraftStep, ...]:
+        return tuple(self._steps)
+
+    def draft_step(self, features: bool = True) -> DraftStep:
+        """Grow the tree by one level; the step is the level's best node (features always computed)."""
+        if self.depth >= self.max_depth:
+            raise ValueError(f"this round's tree is already {self.depth} levels deep, its cap (max_depth or token budget)")
+        decoder, tree = self.decoder, self.tree
+        clock, draft = decoder.clock, decoder.draft
         t0 = clock()
-        tree, steps, policy_time, forward_time = DraftTree(), [], 0.0, 0.0
-        if cap > 0:
-            logits = self.draft.forward(tokens[self.draft.length :])[-1]
-            forward_time = clock() - t0
-            tree.add_children(-1, logits, shape.branching)
-            steps.append(_step(tree.best_at(1)))
-            while tree.depth < cap:
-                t1 = clock()
-                go_on = self.policy.should_continue(DraftState(context, tuple(steps), cap, tuple(recent)))
-                policy_time += clock() - t1
-                if not go_on:
-                    break
-                forward_time += grow_level(self.draft, [tree], [context], shape, clock)
-                steps.append(_step(tree.best_at(tree.depth)))
-        draft_time = clock() - t0 - policy_time
-        size = shape.size
-        if getattr(self.policy, "sizes_trees", False) and tree.nodes:
-            t1 = clock()
-            size = max(1, self.policy.verify_size(DraftState(context, tuple(steps), cap, tuple(recent))))
-            policy_time += clock() - t1
+        if not tree.nodes:
+            logits = draft.forward(self.tokens[draft.length :])[-1]
+            self._forward_time += clock() - t0
+            tree.add_children(-1, logits, decoder.shape.branching)
+        else:
+            self._forward_time += grow_level(draft, [tree], [len(self.tokens)], decoder.shape, clock)
+        self._steps.append(_step(tree.best_at(tree.depth)))
+        self._draft_time += clock() - t0
+        return self._steps[-1]
+
+    def choose_size(self, policy: DraftPolicy, state: DraftState) -> int:
+        """Nodes to verify: the policy's V if it sizes trees, else the shape's V."""
+        if getattr(policy, "sizes_trees", False) and self.tree.nodes:
+            return max(1, policy.verify_size(state))
+        return self.decoder.shape.size
+
+    def verify(self, size: int, policy_time: float = 0.0) -> RoundStats:
+        """Send the ``size`` best nodes (an ancestor-closed set) to the target in ONE forward under a tree
+        mask, accept the longest arg-max path plus the target's next token, and keep only the context and
+        that path in both caches."""
+        decoder, tree, tokens = self.decoder, self.tree, self.tokens
+        clock, target, draft = decoder.clock, decoder.target, decoder.draft
+        context = len(tokens)
         t0 = clock()
         selected = tree.select(size) if tree.nodes else []
         row = {index: j for j, index in enumerate(selected)}  # node -> its place among the verified nodes
-        pending = tokens[self.target.length :]
-        cached = self.target.length
+        pending = tokens[target.length :]
+        cached = target.length
         prefixes = [cached + i for i in range(len(pending))] + [context] * len(selected)
         ancestors = [[] for _ in pending] + [[context + row[a] for a in tree.ancestors(i)] for i in selected]
         positions = [cached + i for i in range(len(pending))] + [context - 1 + tree.nodes[i].depth for i in selected]
-        mask = attention_mask(cached, prefixes, ancestors, self.target.dtype, self.target.device)
+        mask = attention_mask(cached, prefixes, ancestors, target.dtype, target.device)
         t1 = clock()
-        logits = self.target.forward_masked(pending + [tree.nodes[i].token for i in selected], positions, mask)[len(pending) - 1 :]
-        forward_time += clock() - t1
+        logits = target.forward_masked(pending + [tree.nodes[i].token for i in selected], positions, mask)[len(pending) - 1 :]
+        forward_time = self._forward_time + clock() - t1
         check_logits(logits)
         choices = logits.argmax(dim=-1).tolist()
         path = accept_greedy(tree, selected, choices[0], choices[1:])
         bonus = choices[1 + row[path[-1]]] if path else choices[0]
-        emitted = budget.emit([tree.nodes[i].token for i in path] + [bonus])
-        self.target.keep(list(range(context)) + [context + row[i] for i in path])
+        emitted = self.output.emit([tree.nodes[i].token for i in path] + [bonus])
+        target.keep(list(range(context)) + [context + row[i] for i in path])
         fed = [tree.slots[i] for i in _fed_prefix(tree, path)]
-        self.draft.keep(list(range(min(self.draft.length, context))) + (fed if self.draft.length >= context else []))
+        draft.keep(list(range(min(draft.length, context))) + (fed if draft.length >= context else []))
         tokens.extend(emitted)
-        return RoundStats(
+        self.recent.append(len(path))
+        stats = RoundStats(
             context_length=context, drafted=tree.depth, verified=len(selected), accepted=len(path), emitted=len(emitted),
-            tokens=tuple(emitted), draft_time=draft_time, verify_time=clock() - t0, policy_time=policy_time,
-            forward_time=forward_time, steps=tuple(steps),
+            tokens=tuple(emitted), draft_time=self._draft_time, verify_time=clock() - t0, policy_time=policy_time,
+            forward_time=forward_time, steps=tuple(self._steps),
         )
+        self._begin_round()
+        return stats
 
 
 def _step(node) -> DraftStep:

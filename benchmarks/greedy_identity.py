@@ -17,8 +17,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from adaptive import SpeculativeDecoder, generate_plain, load_pair
-from adaptive.report import format_table
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.report import format_table
 from policies import make_policy
 
 

@@ -22,8 +22,8 @@ import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
 from adaptive.profiling import hardware_description
-from adaptive.report import format_table
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.report import format_table
 from policies import make_policy
 
 POLICIES = [f"static:{g}" for g in range(1, 9)] + ["heuristic", "confidence", "entropy", "costmodel"]
@@ -56,16 +56,21 @@ def run(args: argparse.Namespace) -> dict:
             for prompt in load_prompts(args.split, lang=lang)[: args.per_language]:
                 ids = chat_ids(pair.tokenizer, prompt["prompt"])
                 plain = generate_plain(pair.target, ids, args.new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed)
-                rows.append({"sampling": sampling.describe(), "lang": lang, "id": prompt["id"], "config": "plain", "tokens": len(plain.token_ids), "seconds": plain.total_time, "rounds": len(plain.rounds), "identical": True})
+                base = {"sampling": sampling.describe(), "lang": lang, "id": prompt["id"]}
+                rows.append({**base, "config": "plain", "tokens": len(plain.token_ids), "seconds": plain.total_time, "rounds": len(plain.rounds),
+                             "identical": True})
                 for spec, decoder in decoders.items():
                     result = decoder.generate(ids, args.new_tokens, seed=args.seed)
-                    rows.append({"sampling": sampling.describe(), "lang": lang, "id": prompt["id"], "config": spec, "tokens": len(result.token_ids), "seconds": result.total_time, "rounds": len(result.rounds), "identical": result.token_ids == plain.token_ids})
+                    rows.append({**base, "config": spec, "tokens": len(result.token_ids), "seconds": result.total_time, "rounds": len(result.rounds),
+                                 "identical": result.token_ids == plain.token_ids})
                 if args.transformers:
                     for name, mode in HF_MODES.items():
                         tokens, seconds = hf_assisted(pair, ids, args.new_tokens, sampling, mode, args.seed)
-                        rows.append({"sampling": sampling.describe(), "lang": lang, "id": prompt["id"], "config": name, "tokens": len(tokens), "seconds": seconds, "rounds": None, "identical": tokens == plain.token_ids})
+                        rows.append({**base, "config": name, "tokens": len(tokens), "seconds": seconds, "rounds": None,
+                                     "identical": tokens == plain.token_ids})
                 print(f"done {sampling.describe()} {prompt['id']}", flush=True)
-    return {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens, "split": args.split, "per_language": args.per_language, "rows": rows}
+    return {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens,
+            "split": args.split, "per_language": args.per_language, "rows": rows}
 
 
 def summarise(report: dict) -> str:
@@ -96,7 +101,8 @@ def summarise(report: dict) -> str:
             if sampling == "greedy":
                 cells.append("yes" if g["identical"] else "NO")
             table.append(cells)
-        lines.append(f"**{sampling}**, {report['per_language']} test prompts per language, {report['new_tokens']} new tokens, speedup over plain in parentheses\n")
+        lines.append(f"**{sampling}**, {report['per_language']} test prompts per language, {report['new_tokens']} new tokens, "
+                     "speedup over plain in parentheses\n")
         lines.append(format_table(header, table))
         lines.append("")
     hw = report["hardware"]

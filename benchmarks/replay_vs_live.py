@@ -22,15 +22,15 @@ import numpy as np
 import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, load_pair
-from adaptive.cost_profile import CostProfile
+from adaptive.profile import CostProfile
 from adaptive.profiling import hardware_description
-from adaptive.report import format_table
 from adaptive.traces import TraceSet
-from adaptive.workload import chat_ids, load_prompts
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from envs.env import SpecDecodeEnv
 from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
+from lab.report import format_table
 from policies import make_policy
 
 POLICIES = ["static:1", "static:3", "heuristic", "confidence"]
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> dict:
     split = traces.metadata["split"]
     rows_by_id = {p["id"]: p for p in load_prompts(split)}
     chosen = []
-    for lang in ("it", "en", "zh", "es"):
-        chosen += [i for i, l in enumerate(traces.langs) if l == lang][: args.per_language]
+    for lang in LANGUAGES:
+        chosen += [i for i, other in enumerate(traces.langs) if other == lang][: args.per_language]
     replay = ReplayBackend(traces, profile)
     sampling = SamplingConfig(traces.metadata.get("temperature", 0.0), traces.metadata.get("top_k"), traces.metadata.get("top_p", 1.0))
     repeats = 1 if sampling.is_greedy else args.repeats
@@ -122,7 +122,8 @@ def report(result: dict) -> str:
             sum(r["live_seconds"] for r in mine) / sum(r["live_tokens"] for r in mine)
         ) - 1
         accepted = statistics.mean(r["replay_accepted_per_round"] for r in mine) / statistics.mean(r["live_accepted_per_round"] for r in mine) - 1
-        exact = [f"{sum(r['rounds_equal'] for r in mine)}/{sum(r['rounds'] for r in mine)}", f"{sum(r['identical'] for r in mine)}/{len(mine)}"] if greedy else []
+        rounds_equal = f"{sum(r['rounds_equal'] for r in mine)}/{sum(r['rounds'] for r in mine)}"
+        exact = [rounds_equal, f"{sum(r['identical'] for r in mine)}/{len(mine)}"] if greedy else []
         table.append([spec, len(mine), *exact, f"{accepted:+.1%}", f"{statistics.median(per_token):+.1%}", f"{total:+.1%}"])
     header = ["policy", "runs", *(["rounds with equal acceptance", "runs identical"] if greedy else [])]
     header += ["accepted/round error", "median s/token error", "overall s/token error"]

@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 
 from adaptive import load_pair
-from adaptive.cost_profile import CostProfile
-from adaptive.report import format_table
+from adaptive.profile import CostProfile
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.tree_traces import TreeTraceSet
 from adaptive.workload import chat_ids, first_per_language, load_prompts
 from envs.rollout import run_policy
 from envs.tree_replay import TreeReplayBackend
+from lab.report import format_table
 from policies import make_policy
 
 CONFIGS = [("static:1", 2), ("static:2", 2), ("static:3", 8)]

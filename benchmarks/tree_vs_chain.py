@@ -20,10 +20,10 @@ import torch
 
 from adaptive import SpeculativeDecoder, generate_plain, load_pair
 from adaptive.profiling import hardware_description
-from adaptive.report import format_table
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.report import format_table
 from policies import make_policy
 
 
@@ -36,7 +36,8 @@ def decoders(pair, args: argparse.Namespace) -> dict:
         for size in args.sizes:
             for depth in args.depths:
                 if size <= k + (depth - 1) * w * k:  # a larger V than the tree's nodes repeats a smaller one
-                    chosen[f"tree k={k} W={w} V={size} static:{depth}"] = TreeDecoder(pair.target, pair.draft, make_policy(f"static:{depth}"), TreeShape(k, w, size), max_depth=8)
+                    policy = make_policy(f"static:{depth}")
+                    chosen[f"tree k={k} W={w} V={size} static:{depth}"] = TreeDecoder(pair.target, pair.draft, policy, TreeShape(k, w, size), max_depth=8)
             for spec in args.policy:
                 chosen[f"tree k={k} W={w} V={size} {spec}"] = TreeDecoder(pair.target, pair.draft, make_policy(spec), TreeShape(k, w, size), max_depth=8)
     return chosen
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> dict:
         for prompt in load_prompts("test", lang=lang)[: args.per_language]:
             ids = chat_ids(pair.tokenizer, prompt["prompt"])
             plain = generate_plain(pair.target, ids, args.new_tokens)
-            rows.append({"lang": lang, "id": prompt["id"], "config": "plain", "tokens": len(plain.token_ids), "seconds": plain.total_time, "rounds": len(plain.rounds), "identical": True})
+            rows.append({"lang": lang, "id": prompt["id"], "config": "plain", "tokens": len(plain.token_ids), "seconds": plain.total_time,
+                         "rounds": len(plain.rounds), "identical": True})
             for name, decoder in configs.items():
                 result = decoder.generate(ids, args.new_tokens)
                 rows.append({"lang": lang, "id": prompt["id"], "config": name, "tokens": len(result.token_ids), "seconds": result.total_time,

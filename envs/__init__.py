@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from adaptive.observation import ObservationSchema, SchemaMismatch
 from envs.backend import Backend, Cycle
 from envs.env import SpecDecodeEnv
 from envs.factory import DEFAULT_PROFILE, default_traces, make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
-from envs.schema import ObservationSchema, SchemaMismatch
 
 ENV_IDS = {
     "replay": "adaptive/SpecDecode-Replay-v0",

@@ -87,5 +87,5 @@ class Backend(ABC):
         """The verification size when no size policy decides: everything drafted (tree: the shape's V)."""
         return depth
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: most backends hold nothing to release)
         """Release resources (nothing by default)."""

@@ -29,7 +29,7 @@ reward exactly the quantity we want and leaves credit assignment inside the roun
 (PPO with γ close to 1). Policy seconds are ``decision_seconds`` per decision taken (a learned MLP's
 cost), not the agent's own Python time.
 
-**Observation**: :mod:`envs.schema` (versioned, fixed size for a given ``max_depth``).
+**Observation**: :mod:`adaptive.observation` (versioned, fixed size for a given ``max_depth``).
 
 ``info`` after a cycle holds the last cycle's ``drafted``, ``verified``, ``accepted``, ``emitted``,
 ``draft_seconds``, ``verify_seconds``, ``policy_seconds`` and ``throughput`` (tokens/s), ``cycles`` (cycles
@@ -44,9 +44,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
+from adaptive.costmodel import throughput_speedup
+from adaptive.observation import BOUND, RECENT, ObservationBuilder, ObservationSchema
+from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from envs.backend import Backend, Cycle
-from envs.schema import BOUND, RECENT, ObservationBuilder, ObservationSchema
 
 DECISIONS = ("depth", "size")
 EPISODES = ("cycle", "generation")
@@ -202,7 +203,7 @@ class SpecDecodeEnv(gym.Env):
         size = int(self.partner.verify_size(self.draft_state()))
         if self.backend.tree:
             return max(1, min(size, self.backend.verifiable(depth)))
-        if not 1 <= size <= depth:
+        if not verifiable(size, depth):
             raise ValueError(f"partner {self.partner.name!r} asked to verify {size} of {depth} drafted tokens")
         return size
 
@@ -211,7 +212,7 @@ class SpecDecodeEnv(gym.Env):
         cycle = self.backend.verify(size)
         policy_seconds = self._decisions * self.decision_seconds
         seconds = cycle.draft_seconds + cycle.verify_seconds + policy_seconds
-        self._reward += cycle.emitted * self.backend.target_step_seconds / seconds
+        self._reward += throughput_speedup(cycle.emitted, seconds, self.backend.target_step_seconds)
         cycles = self._info["cycles"] + 1
         self.episode_cycles.append(cycle)
         self.episode_tokens += cycle.emitted

@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from adaptive.cost_profile import CostProfile
 from adaptive.costmodel import GCurve
-from adaptive.policy import DraftPolicy
+from adaptive.decoder import SpeculativeDecoder
+from adaptive.pair import load_pair
+from adaptive.policy import BasePolicy, DraftPolicy
+from adaptive.profile import CostProfile
+from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree_traces import TreeTraceSet
+from adaptive.workload import chat_ids, load_prompts
 from envs.env import DEFAULT_DECISION_SECONDS, SpecDecodeEnv
+from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.synthetic import SyntheticBackend
 from envs.tree_replay import TreeReplayBackend
@@ -102,13 +107,6 @@ def make_live_env(
     episode: str = "cycle",
 ) -> SpecDecodeEnv:
     """Live env over a named pair and a workload split (chat-formatted prompts)."""
-    from adaptive.decoder import SpeculativeDecoder
-    from adaptive.pair import load_pair
-    from adaptive.policy import BasePolicy
-    from adaptive.sampling import SamplingConfig
-    from adaptive.workload import chat_ids, load_prompts
-    from envs.live import LiveBackend
-
     loaded = load_pair(pair)
     decoder = SpeculativeDecoder(
         loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from adaptive.cost_profile import CostProfile
-from adaptive.decoder import Generation, SpeculativeDecoder
+from adaptive.decoder import SpeculativeDecoder
+from adaptive.generation import Generation
+from adaptive.profile import CostProfile
 from envs.backend import Backend, Cycle
 
 
@@ -28,7 +29,7 @@ class LiveBackend(Backend):
         self.max_new_tokens = max_new_tokens
         self.c = profile.c
         self.g = profile.g
-        self.target_step_seconds = profile.target_step_ms / 1e3
+        self.target_step_seconds = profile.target_step_seconds
         self.num_prompts = len(self.prompts)
         self.prompt = 0
         self._generation: Generation | None = None

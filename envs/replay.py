@@ -4,7 +4,8 @@ A round at position t that drafts d tokens and verifies γ of them accepts min(�
 (fewer at the end of the output) — exactly what the live greedy decoder does with the same pair and
 prompt. With sampled (T > 0) traces, each drafted token is accepted with its recorded probability
 min(1, p/q) until the first rejection, drawn from the episode's random stream: an approximation (the
-replay stays on the recorded output after a rejection) whose error ``benchmarks/replay_vs_live.py`` measures. Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
+replay stays on the recorded output after a rejection) whose error ``benchmarks/replay_vs_live.py`` measures.
+Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
 context length. No model runs, so a step costs microseconds.
 """
 
@@ -14,7 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from adaptive.cost_profile import CostProfile
+from adaptive.policy import depth_cap, verifiable
+from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
 from envs.backend import Backend, Cycle
 
@@ -27,7 +29,7 @@ class TraceReplay(Backend):
         self.profile = profile
         self.c = profile.c
         self.g = profile.g
-        self.target_step_seconds = profile.target_step_ms / 1e3
+        self.target_step_seconds = profile.target_step_seconds
         self.num_prompts = len(traces)
         self.prompt = 0
         self._budget = traces.max_new_tokens
@@ -54,7 +56,7 @@ class TraceReplay(Backend):
 
     @property
     def cap(self) -> int:
-        return min(self.max_depth, self._budget - self._t - 1)
+        return depth_cap(self.max_depth, self._budget - self._t)
 
     @property
     def recent(self) -> Sequence[int]:
@@ -116,7 +118,7 @@ class ReplayBackend(TraceReplay):
 
     def verify(self, size: int) -> Cycle:
         depth = self._depth
-        if not 0 <= size <= depth or (depth and size < 1):
+        if not verifiable(size, depth):
             raise ValueError(f"cannot verify {size} of {depth} drafted tokens")
         if self._accept is None:
             accepted = min(size, self._match[self._start + self._t])

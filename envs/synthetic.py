@@ -15,7 +15,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from adaptive.costmodel import GCurve, verification_cost
+from adaptive.policy import depth_cap, verifiable
 from envs.backend import Backend, Cycle
+
+SYNTHETIC_STEP_SECONDS = 0.05
+"""The plain target step the synthetic backend times cycles in (only ratios to it matter)."""
 
 
 class SyntheticBackend(Backend):
@@ -32,7 +36,7 @@ class SyntheticBackend(Backend):
         max_new_tokens: int = 256,
         prompt_length: int = 64,
         feature_noise: float = 0.1,
-        target_step_seconds: float = 0.05,
+        target_step_seconds: float = SYNTHETIC_STEP_SECONDS,
     ) -> None:
         self.alphas = (float(alphas),) if isinstance(alphas, (int, float)) else tuple(float(a) for a in alphas)
         if not self.alphas or not all(0.0 <= a < 1.0 for a in self.alphas):
@@ -88,7 +92,7 @@ class SyntheticBackend(Backend):
 
     @property
     def cap(self) -> int:
-        return min(self.max_depth, self.max_new_tokens - self._generated - 1)
+        return depth_cap(self.max_depth, self.max_new_tokens - self._generated)
 
     @property
     def recent(self) -> Sequence[int]:
@@ -103,7 +107,7 @@ class SyntheticBackend(Backend):
         return top1, entropy, math.log(top1)
 
     def verify(self, size: int) -> Cycle:
-        if not 0 <= size <= self._depth or (self._depth and size < 1):
+        if not verifiable(size, self._depth):
             raise ValueError(f"cannot verify {size} of {self._depth} drafted tokens")
         accepted = min(size, self._match)
         emitted = min(accepted + 1, self.max_new_tokens - self._generated)

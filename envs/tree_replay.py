@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from adaptive.cost_profile import CostProfile
+from adaptive.policy import verifiable
+from adaptive.profile import CostProfile
 from adaptive.tree_traces import TreeTraceSet, nodes_needed
 from envs.backend import Cycle
 from envs.replay import TraceReplay
@@ -52,7 +53,7 @@ class TreeReplayBackend(TraceReplay):
 
     def verify(self, size: int) -> Cycle:
         depth = self._depth
-        if not 0 <= size <= self.verifiable(depth) or (depth and size < 1):
+        if not verifiable(size, self.verifiable(depth)):
             raise ValueError(f"cannot verify {size} nodes of a tree with {self.verifiable(depth)} nodes in {depth} levels")
         accepted = sum(1 for need in self._need[self._start + self._t][depth - 1][:depth] if need <= size) if depth else 0
         return self._end_round(size, accepted)

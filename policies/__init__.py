@@ -1,4 +1,6 @@
-"""Draft policies: the baselines, and (later) learned ones. ``make_policy("static:4")`` builds one by name."""
+"""Draft policies beside the decoding library: the baselines, the oracle (replay only), and
+``make_policy(spec)``, which builds a baseline by name or loads a learned policy from a path
+(``adaptive.load_policy``)."""
 
 from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth
 from policies.registry import POLICY_SPECS, make_policy

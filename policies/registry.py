@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from adaptive.learned_policy import load_policy
 from adaptive.policy import DraftPolicy
 from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth
 
@@ -44,8 +45,6 @@ def make_policy(spec: str) -> DraftPolicy:
         'static:4'
     """
     if Path(spec).exists():
-        from policies.learned import load_policy
-
         return load_policy(spec)
     name, _, arg = spec.partition(":")
     if name not in POLICY_SPECS:

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adaptive.models import cache_root, smollm2_folder  # noqa: E402
+from adaptive.workload import LANGUAGES, chat_ids  # noqa: E402
 
 PACKAGES = [
     "fortunes", "fortunes-min", "fortunes-it", "fortunes-es", "fortunes-zh",
@@ -42,7 +43,6 @@ EN_FORTUNES = [
 ]
 SKIPPED_FORTUNES = ["en: drugs, ethnic, men-women, politics, law, kids, cookie and the rest not listed", "it: luttazzi", "es: off/*"]
 ZH_FORTUNES = ["chinese", "tang300", "song100"]
-LANGUAGES = ("it", "en", "zh", "es")
 REFERENCE_LANG = {"it": "it", "en": "en", "zh": "zh-cn", "es": "es"}
 LICENCES = {
     "fortunes": "fortune-mod data: BSD-4-clause / public domain quotations (see /usr/share/doc/fortunes*/copyright)",
@@ -210,7 +210,7 @@ def build_prompts(by_lang, tokenizer, seed: int = 20260923) -> list[dict]:
                 prompts.append({
                     "id": f"{lang}-{task}-{index:03d}", "lang": lang, "task": task, "split": split_of(text),
                     "source": source, "licence": licence_of(source), "prompt": prompt,
-                    "prompt_tokens": len(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]),
+                    "prompt_tokens": len(chat_ids(tokenizer, prompt)),
                 })
     return prompts
 

@@ -1,4 +1,4 @@
-"""Write a what-if cost profile derived from a measured one (see adaptive.profiling.scaled_profile).
+"""Write a what-if cost profile derived from a measured one (see adaptive.profile.CostProfile.scaled).
 
     .venv/bin/python scripts/what_if_profile.py --source profiles/smollm2-135m.json \
         --verify-slope 0.1 --out profiles/what-if-flat-verify.json
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from adaptive.profiling import load_profile, save_profile, scaled_profile
+from adaptive.profile import CostProfile
 
 
 def main() -> None:
@@ -21,10 +21,10 @@ def main() -> None:
     parser.add_argument("--draft-scale", type=float, default=1.0, help="factor on the draft step time")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    profile = scaled_profile(load_profile(args.source), args.verify_slope, args.draft_scale)
-    save_profile(profile, args.out)
-    g = ", ".join(f"g({k})={float(v):.3f}" for k, v in list(profile["g"].items())[1:5])
-    print(f"{args.out}: c = {profile['c']:.4f}, {g}; {profile['hardware']['what_if']}")
+    profile = CostProfile.load(args.source).scaled(args.verify_slope, args.draft_scale)
+    profile.save(args.out)
+    g = ", ".join(f"g({gamma})={value:.3f}" for gamma, value in list(profile.g_curve().items())[1:5])
+    print(f"{args.out}: c = {profile.c:.4f}, {g}; {profile.hardware['what_if']}")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def far_draft() -> LlamaForCausalLM:
 
 def flat_profile(c: float = 0.1):
     """A cost profile for tiny models: target step 10 ms, +1 ms per extra verified token, draft step 10·c ms."""
-    from adaptive.cost_profile import CostProfile
+    from adaptive.profile import CostProfile
 
     verify = tuple(10.0 + n for n in range(33))
     return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {})

@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import perturbed_copy, tiny_llama
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import perturbed_copy, tiny_llama
-
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "adaptive.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_exactness_reproduces_the_seed_analysis():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptive.comparison import evaluate
-from adaptive.config import load_config
+from lab.comparison import evaluate
+from lab.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(t
 
 
 def test_grid_search_confirms_its_finalists_live_on_val_prompts():
-    from adaptive.comparison import grid_live
+    from lab.comparison import grid_live
 
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     speedups = grid_live(config, [1, 3], per_language=1, new_tokens=12)
@@ -50,7 +50,7 @@ def test_grid_search_confirms_its_finalists_live_on_val_prompts():
 
 
 def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_path):
-    from adaptive.tree_comparison import evaluate_trees
+    from lab.tree_comparison import evaluate_trees
 
     config = load_config(ROOT / "experiments" / "tree.yaml")
     config.env.max_depth = 2

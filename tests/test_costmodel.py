@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from adaptive.costmodel import (
     expected_tokens,
     expected_tokens_from_lengths,
-    load_g_profile,
     optimal_gamma,
     optimal_gamma_from_lengths,
     speedup,
@@ -50,10 +47,8 @@ def test_empirical_lengths_reproduce_the_geometric_formula():
     assert optimal_gamma_from_lengths(lengths, 0.05, max_gamma=12).gamma in (5, 6)
 
 
-def test_measured_g_profile(tmp_path):
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps({"g": {str(g): 1.0 + 0.5 * g for g in range(1, 9)}, "c": 0.05}))
-    profile = load_g_profile(path)
+def test_measured_g_profile():
+    profile = {g: 1.0 + 0.5 * g for g in range(1, 9)}
     point = optimal_gamma(0.7, 0.05, profile, max_gamma=8)
     assert point.gamma == 1  # a steep g(γ) favours short drafts
     with pytest.raises(ValueError, match="no value for gamma=9"):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain
 from adaptive.cached_model import CachedModel
 from policies import POLICY_SPECS, StaticDepth, make_policy
-
-from conftest import tiny_llama
 
 SPECS = ["static:1", "static:3", "static:8", "heuristic", "confidence", "entropy:1.5", "costmodel", "costmodel:0.1"]
 PROMPTS = [[5], [1, 2, 3], [7, 7, 7, 7, 7, 7, 7, 7], [15, 0, 9, 4, 2, 11]]

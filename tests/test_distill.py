@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from adaptive.distill import choose_subset, coverage, distillation_loss
 from adaptive.draft_model import build_draft
+from lab.distill import choose_subset, coverage, distillation_loss
 
 
 def test_subset_keeps_the_most_frequent_tokens_and_the_required_ones():

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SUBSET, tiny_llama
 
 from adaptive import SpeculativeDecoder, generate_plain
 from adaptive.draft_model import load_draft, read_metadata, save_draft
 from policies import StaticDepth
-
-from conftest import SUBSET, tiny_llama
 
 
 def test_subset_head_gives_minus_infinity_outside_the_subset(subset_draft):

@@ -8,20 +8,20 @@ import itertools
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import flat_profile
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 import envs
-from conftest import flat_profile
 from adaptive.costmodel import optimal_gamma
 from adaptive.decoder import SpeculativeDecoder
+from adaptive.observation import ObservationSchema, SchemaMismatch
 from adaptive.recorder import record
 from envs.env import SpecDecodeEnv
 from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
-from envs.schema import ObservationSchema, SchemaMismatch
 from envs.synthetic import SyntheticBackend
 from policies import make_policy
 from policies.oracle import OraclePolicy

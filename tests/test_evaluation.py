@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import flat_profile
 
 from adaptive.costmodel import optimal_gamma
 from adaptive.decoder import SpeculativeDecoder
-from adaptive.evaluation import PromptRecord, acceptance_rate, costmodel_depths, grid_search, play, summarise
 from adaptive.recorder import record
 from adaptive.traces import TraceSet
-from conftest import flat_profile
 from envs.replay import ReplayBackend
+from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, grid_search, play, summarise
 from policies import make_policy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3], [7, 7, 1, 0], [2, 9], [5, 5, 5]]
@@ -26,7 +26,7 @@ def traces(target, near_draft):
 
 def test_grid_search_picks_the_fastest_static_depth(traces):
     backend = ReplayBackend(traces, flat_profile(0.05))
-    best, speeds = grid_search(backend, range(len(PROMPTS)), traces.langs, 6, 0.0)
+    best, speeds = grid_search(backend, range(len(PROMPTS)), 6, 0.0)
     assert speeds[best] == max(speeds.values()) and set(speeds) == set(range(1, 7))
     records = play(backend, lambda: make_policy(f"static:{best}"), range(len(PROMPTS)), traces.langs, 0.0)
     assert summarise(records, backend.target_step_seconds).speedup == pytest.approx(speeds[best])

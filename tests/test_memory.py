@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from adaptive.memory import PeakMemory
+from lab.memory import PeakMemory
 
 
 def test_peak_memory_sees_a_temporary_allocation_and_resets_between_measurements():

@@ -41,7 +41,10 @@ def test_specs_build_named_policies(spec, kind, name):
     assert policy.name == name
 
 
-@pytest.mark.parametrize(("spec", "message"), [("greedy:3", "unknown policy 'greedy:3'; allowed: static:G"), ("static", "needs a value"), ("static:0", ">= 1"), ("confidence:2", r"\(0, 1\)")])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("greedy:3", "unknown policy 'greedy:3'; allowed: static:G"), ("static", "needs a value"), ("static:0", ">= 1"), ("confidence:2", r"\(0, 1\)")],
+)
 def test_bad_specs_name_the_problem(spec, message):
     with pytest.raises(ValueError, match=message):
         make_policy(spec)

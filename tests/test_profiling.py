@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive.costmodel import load_g_profile, optimal_gamma
-from adaptive.profiling import load_profile, profile_pair, save_profile
+from adaptive.costmodel import optimal_gamma
+from adaptive.profile import CostProfile
+from adaptive.profiling import profile_pair
 
 
 @pytest.fixture(scope="module")
-def profile(target, near_draft):
+def measured(target, near_draft):
     return profile_pair(target, near_draft, max_verify=6, contexts=(8, 32), reference_context=32, repetitions=3)
+
+
+@pytest.fixture(scope="module")
+def profile(measured):
+    return measured.document
 
 
 def test_profile_has_every_point_with_median_and_spread(profile):
@@ -28,12 +34,18 @@ def test_c_and_g_are_ratios_of_the_reference_timings(profile):
     assert profile["hardware"]["cpu_count"] >= 1 and profile["dtype"] == "float64"
 
 
-def test_cost_model_consumes_the_profile(tmp_path, profile):
+def test_cost_model_consumes_the_profile(tmp_path, measured):
     path = tmp_path / "profile.json"
-    save_profile(profile, path)
-    assert load_profile(path)["c"] == profile["c"]
-    g = load_g_profile(path)
-    assert optimal_gamma(0.8, profile["c"], g, max_gamma=5).gamma in range(1, 6)
+    measured.save(path)
+    loaded = CostProfile.load(path)
+    assert loaded == measured and loaded.document == measured.document
+    assert optimal_gamma(0.8, loaded.c, loaded.g_curve(), max_gamma=5).gamma in range(1, 6)
+
+
+def test_a_document_without_a_summary_is_refused(profile):
+    broken = {key: value for key, value in profile.items() if key != "g"}
+    with pytest.raises(ValueError, match="'g' is missing"):
+        CostProfile.from_dict(broken, "broken.json")
 
 
 def test_reference_context_must_be_measured(target, near_draft):

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adaptive.cli import main
-from adaptive.config import ConfigError, config_from_dict
-from adaptive.profiling import load_profile, save_profile, scaled_profile
-from policies.learned import load_policy
-from policies.retarget import retarget
-from policies.training import train
+from adaptive.learned_policy import load_policy
+from adaptive.profile import CostProfile
+from lab.cli import main
+from lab.config import ConfigError, config_from_dict
+from lab.retarget import retarget
+from lab.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = str(ROOT / "profiles" / "smollm2-135m.json")
@@ -69,7 +69,7 @@ def test_retargeting_to_the_same_profile_reproduces_the_old_evaluation(run, tmp_
 
 def test_a_profile_with_free_width_makes_deeper_drafting_pay(run, tmp_path):
     flat = tmp_path / "flat.json"
-    save_profile(scaled_profile(load_profile(PROFILE), 0.0, 0.1), flat)
+    CostProfile.load(PROFILE).scaled(0.0, 0.1).save(flat)
     result = retarget(run, str(flat), 256, tmp_path / "flat")
     statics = result["statics"]
     assert statics["static:4"] > statics["static:1"], statics  # measured profile: static:1 is best
@@ -77,15 +77,15 @@ def test_a_profile_with_free_width_makes_deeper_drafting_pay(run, tmp_path):
 
 
 def test_scaled_profile_identity_and_flat_verification():
-    measured = load_profile(PROFILE)
-    same = scaled_profile(measured, 1.0, 1.0)
-    assert same["c"] == pytest.approx(measured["c"]) and same["g"] == pytest.approx(measured["g"])
-    flat = scaled_profile(measured, 0.0, 0.5)
-    assert all(v == pytest.approx(1.0) for v in flat["g"].values())
-    assert flat["c"] == pytest.approx(measured["c"] / 2)
-    assert "what_if" in flat["hardware"]
+    measured = CostProfile.load(PROFILE)
+    same = measured.scaled(1.0, 1.0)
+    assert same.c == pytest.approx(measured.c) and same.g == pytest.approx(measured.g)
+    flat = measured.scaled(0.0, 0.5)
+    assert all(v == pytest.approx(1.0) for v in flat.g)
+    assert flat.c == pytest.approx(measured.c / 2)
+    assert "what_if" in flat.hardware
     with pytest.raises(ValueError, match="draft_scale"):
-        scaled_profile(measured, 0.1, 0.0)
+        measured.scaled(0.1, 0.0)
 
 
 def test_cli_names_a_missing_profile(run, capsys):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import flat_profile
 
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.recorder import draft_trace, greedy_output, record, sampled_trace
 from adaptive.sampling import SamplingConfig, draft_features, sampling_distribution
 from adaptive.traces import TraceSet
-from conftest import flat_profile
 from policies import make_policy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3]]
@@ -101,7 +101,7 @@ def test_sampled_traces_replay_with_sampled_acceptances(tmp_path, target, far_dr
     assert loaded.sampled and loaded.metadata["temperature"] == 1.0
     backend = ReplayBackend(loaded, flat_profile())
     with pytest.raises(ValueError, match="greedy"):
-        backend.match_length
+        _ = backend.match_length
     episodes = run_policy(backend, make_policy("static:4"), range(len(PROMPTS)))
     accepted = [c.accepted for e in episodes for c in e.cycles]
     assert 0 < sum(accepted) and max(accepted) <= 4

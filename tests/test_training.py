@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adaptive.config import ConfigError, config_from_dict, load_config
 from adaptive.costmodel import optimal_gamma
 from adaptive.decoder import SpeculativeDecoder, generate_plain
-from envs.schema import ObservationSchema, SchemaMismatch
+from adaptive.learned_policy import load_policy
+from adaptive.observation import ObservationSchema, SchemaMismatch
+from lab.config import ConfigError, config_from_dict, load_config
+from lab.training import resume, train
 from policies import make_policy
-from policies.learned import load_policy
-from policies.training import resume, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def test_training_resumes_after_kill_9(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "adaptive.cli", "train", str(path), "--runs", str(tmp_path / "runs")], cwd=ROOT, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "lab.cli", "train", str(path), "--runs", str(tmp_path / "runs")], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     state = None
@@ -140,7 +140,7 @@ def test_a_learned_policy_drives_the_decoder_exactly(trained, target, near_draft
 
 
 def test_tracker_failures_never_stop_the_work(tmp_path):
-    from adaptive.tracking import Tracker
+    from lab.tracking import Tracker
 
     broken = Tracker("no-such-mode", "p", "g", "n", {}, tmp_path)
     broken.log({"x": 1})
@@ -176,10 +176,11 @@ def test_the_decoder_policy_agrees_with_the_trained_network(trained):
     import numpy as np
     import torch
 
-    from policies.training import make_env
+    from lab.environments import make_env, run_profile
 
     policy = load_policy(trained)
-    env = make_env(config_from_dict(yaml.safe_load((trained / "config.yaml").read_text())), "depth", None)
+    config = config_from_dict(yaml.safe_load((trained / "config.yaml").read_text()))
+    env = make_env(config, "depth", None, run_profile(config))
     obs, _ = env.reset(seed=0)
     for _ in range(200):
         state = env.unwrapped.draft_state() if hasattr(env, "unwrapped") else env.draft_state()

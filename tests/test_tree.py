@@ -7,13 +7,13 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
 from adaptive.tree_decoder import TreeDecoder
 from policies import make_policy
-from conftest import tiny_llama
 
 PROMPT = [1, 5, 2, 9, 4, 4, 7]
 
@@ -44,7 +44,8 @@ def test_tree_forward_matches_a_plain_forward_of_every_path(target):
     prefixes = [cached] + [len(context)] * len(selected)
     ancestors = [[]] + [[len(context) + selected.index(a) for a in tree.ancestors(i)] for i in selected]
     positions = [cached] + [len(context) - 1 + tree.nodes[i].depth for i in selected]
-    logits = model.forward_masked([context[-1]] + [tree.nodes[i].token for i in selected], positions, attention_mask(cached, prefixes, ancestors, torch.float64, target.device))
+    mask = attention_mask(cached, prefixes, ancestors, torch.float64, target.device)
+    logits = model.forward_masked([context[-1]] + [tree.nodes[i].token for i in selected], positions, mask)
     assert torch.allclose(logits[0], _last_logits(target, context), atol=1e-10)
     for row, index in enumerate(selected, start=1):
         path = [tree.nodes[a].token for a in tree.ancestors(index)] + [tree.nodes[index].token]
@@ -171,9 +172,10 @@ def tiny_tree_traces(tmp_path_factory, target, far_draft):
 def test_tree_policies_train_cotrained_and_drive_the_tree_decoder(tiny_tree_traces, target, far_draft, tmp_path):
     from pathlib import Path
 
-    from adaptive.config import config_from_dict
-    from policies.learned import load_policy
-    from policies.training import make_env, train
+    from adaptive.learned_policy import load_policy
+    from lab.config import config_from_dict
+    from lab.environments import make_env, run_profile
+    from lab.training import train
 
     root = Path(__file__).resolve().parents[1]
     config = config_from_dict({
@@ -185,7 +187,7 @@ def test_tree_policies_train_cotrained_and_drive_the_tree_decoder(tiny_tree_trac
         "cotraining": {"rounds": 1, "train_size": True},
         "eval_episodes": 12, "tracking": {"wandb": "disabled"},
     })
-    assert make_env(config, "size", None).action_space.n == 3 + 3 * 9  # every node of a depth-4 (3, 3) tree
+    assert make_env(config, "size", None, run_profile(config)).action_space.n == 3 + 3 * 9  # every node of a depth-4 (3, 3) tree
     train(config, tmp_path / "run")
     policy = load_policy(tmp_path / "run")
     assert policy.sizes_trees and policy.metadata["tree"] == {"branching": 3, "width": 3, "size": 6}
@@ -196,7 +198,7 @@ def test_tree_policies_train_cotrained_and_drive_the_tree_decoder(tiny_tree_trac
 
 
 def test_tree_mode_needs_the_replay_backend():
-    from adaptive.config import ConfigError, config_from_dict
+    from lab.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError, match="env.tree"):
         config_from_dict({"env": {"backend": "live", "tree": True}})
@@ -215,3 +217,26 @@ def test_the_replay_table_agrees_with_the_reference_acceptance_on_shipped_traces
             for size in (1, 2, 3, 5, 8, 13, 40):
                 fast = int((need[k, d - 1, :d] <= size).sum())
                 assert fast == accepted_in_tree(traces.rank[row], traces.depth[row], traces.on_path[row], d, size), (row, d, size)
+
+
+def test_the_tree_decoder_has_the_chain_decoders_step_api(target, near_draft):
+    """Driving a tree generation by hand (start / draft_step / choose_size / verify) gives the rounds the
+    decoder's own policy loop gives."""
+    shape = TreeShape(3, 2, 6)
+    decoder = TreeDecoder(target, near_draft, make_policy("static:3"), shape, max_depth=5)
+    expected = decoder.generate(PROMPT, 24)
+    generation = decoder.start(PROMPT, 24)
+    rounds = []
+    while not generation.done:
+        while generation.depth < min(3, generation.max_depth):
+            step = generation.draft_step()
+            assert step.token == generation.tree.best_at(generation.depth).token
+        state = generation.end_drafting()
+        assert state.depth == generation.depth and len(state.steps) == state.depth
+        rounds.append(generation.verify(generation.choose_size(decoder.policy, state)))
+    assert [r.tokens for r in rounds] == [r.tokens for r in expected.rounds]
+    assert [(r.drafted, r.verified, r.accepted) for r in rounds] == [(r.drafted, r.verified, r.accepted) for r in expected.rounds]
+    with pytest.raises(ValueError, match="cap"):
+        generation = decoder.start(PROMPT, 2)  # a 2-token budget caps the round at depth 1
+        generation.draft_step()
+        generation.draft_step()

@@ -1,5 +1,5 @@
 """Learned policies at inference: plain torch MLPs (no SB3 in the decoding loop), saved as safetensors
-weights plus a JSON sidecar, and loaded without unpickling.
+weights plus a JSON sidecar, and loaded without unpickling. Training (:mod:`lab.training`) exports them.
 
 The sidecar records the observation schema, what the actions mean, the pair, the cost-profile constants
 the observations embed (c and g), and the hash of the training config. Loading checks the schema (and,
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from adaptive.observation import ObservationBuilder, ObservationSchema
 from adaptive.policy import BasePolicy, DraftState
-from envs.schema import ObservationBuilder, ObservationSchema
 
 FORMAT = "adaptive-draft/policy/1"
 WEIGHTS, SIDECAR = "policy.safetensors", "policy.json"
@@ -35,17 +35,6 @@ def mlp(sizes: list[int]) -> torch.nn.Sequential:
         if i < len(sizes) - 2:
             layers.append(torch.nn.Tanh())
     return torch.nn.Sequential(*layers)
-
-
-def export_sb3(model) -> tuple[torch.nn.Sequential, list[int]]:
-    """The deterministic action head of an SB3 PPO MlpPolicy as a plain MLP (and its layer sizes)."""
-    policy = model.policy
-    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, torch.nn.Linear)] + [policy.action_net]
-    sizes = [linears[0].in_features] + [layer.out_features for layer in linears]
-    net = mlp(sizes)
-    for target, source in zip([m for m in net if isinstance(m, torch.nn.Linear)], linears):
-        target.load_state_dict(source.state_dict())
-    return net.eval(), sizes
 
 
 def _numpy_layers(net: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -14,13 +14,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adaptive.comparison import LANGS, live_report, live_rows, replay_table, summarise_live, track_comparison, warm_pair
-from adaptive.config import ExperimentConfig
-from adaptive.cost_profile import CostProfile
-from adaptive.evaluation import PromptRecord, grid_search_splits, play
-from adaptive.report import format_table
+from adaptive.decoder import SpeculativeDecoder
+from adaptive.learned_policy import load_policy
+from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
 from adaptive.tree_traces import TreeTraceSet
+from adaptive.workload import LANGUAGES
+from envs.factory import default_traces
+from envs.replay import ReplayBackend
+from envs.tree_replay import TreeReplayBackend
+from lab.comparison import live_report, live_rows, replay_table, summarise_live, track_comparison, warm_pair
+from lab.config import ExperimentConfig
+from lab.evaluation import PromptRecord, grid_search_splits, play, static_speedups
+from lab.plots import plot_speedups
+from lab.report import format_table
+from policies.baselines import StaticDepth
+from policies.oracle import OraclePolicy
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 """Verified-node counts the tree grid search tries (those the traces and profile allow)."""
@@ -30,19 +41,14 @@ def tree_grid(
     traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, decision_seconds: float, sizes: tuple[int, ...] = SIZES
 ) -> tuple[tuple[int, int], dict[str, float]]:
     """The static (depth, V) with the highest mean replayed throughput over ``traces``, and every pair's."""
-    from envs.tree_replay import TreeReplayBackend
-    from policies.baselines import StaticDepth
-
     backends = [TreeReplayBackend(trace_set, profile, max_depth) for trace_set in traces]  # the size is set per play
-    speeds: dict[str, float] = {}
-    for depth in range(1, max_depth + 1):
-        for size in (s for s in sizes if s <= backends[0].max_size):
-            total = 0.0
-            for backend in backends:
-                backend.size = size
-                records = play(backend, lambda d=depth: StaticDepth(d), range(backend.num_prompts), backend.traces.langs, decision_seconds)
-                total += sum(r.tokens for r in records) / sum(r.seconds for r in records) * backend.target_step_seconds
-            speeds[f"{depth},{size}"] = total / len(traces)
+    totals: dict[tuple[int, int], float] = {}
+    for size in (s for s in sizes if s <= backends[0].max_size):
+        for backend in backends:
+            backend.size = size
+            for depth, speed in static_speedups(backend, range(backend.num_prompts), max_depth, decision_seconds).items():
+                totals[depth, size] = totals.get((depth, size), 0.0) + speed
+    speeds = {f"{depth},{size}": totals[depth, size] / len(traces) for depth, size in sorted(totals)}
     best = max(speeds, key=lambda key: (speeds[key], -int(key.split(",")[1]), -int(key.split(",")[0])))
     depth, size = (int(x) for x in best.split(","))
     return (depth, size), speeds
@@ -52,15 +58,6 @@ def evaluate_trees(
     config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 1, new_tokens: int = 128, sizes: tuple[int, ...] = SIZES
 ) -> dict:
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``."""
-    from adaptive.tree import TreeShape
-    from adaptive.tree_decoder import TreeDecoder
-    from envs.factory import default_traces
-    from envs.replay import ReplayBackend
-    from envs.tree_replay import TreeReplayBackend
-    from policies.baselines import StaticDepth
-    from policies.learned import load_policy
-    from policies.oracle import OraclePolicy
-
     out.mkdir(parents=True, exist_ok=True)
     profile = CostProfile.load(config.env.profile)
     depth, seconds = config.env.max_depth, config.env.decision_seconds
@@ -85,8 +82,6 @@ def evaluate_trees(
     pair = warm_pair(config.pair) if live_per_language else None
     decoders: dict[str, Callable[[], object]] = {}
     if pair is not None:
-        from adaptive.decoder import SpeculativeDecoder
-
         decoders[f"chain grid (static:{chain_best})"] = lambda: SpeculativeDecoder(pair.target, pair.draft, StaticDepth(chain_best), max_depth=depth)
         decoders[f"tree grid (static:{tree_depth}, V={tree_size})"] = lambda: TreeDecoder(
             pair.target, pair.draft, StaticDepth(tree_depth), TreeShape(shape.branching, shape.width, tree_size), max_depth=depth
@@ -108,13 +103,12 @@ def evaluate_trees(
             else:
                 decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=p.schema.max_depth)
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
-    rows, replay_data = replay_table(replay, profile.target_step_ms / 1e3, depth)
+    rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
     live = summarise_live(live_rows(pair, decoders, live_per_language, new_tokens)) if pair is not None else {}
     result = {"fitted": fitted, "replay": replay_data, "live": live, "test_prompts": len(test_chain), "live_per_language": live_per_language,
               "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     (out / "report.md").write_text(_report(result, rows))
-    from adaptive.plots import plot_speedups
 
     plot_speedups(replay_data, out / "plots" / "speedup_replay.png", "replay: trees vs chains (test split)")
     if live:
@@ -138,7 +132,7 @@ def _report(result: dict, rows: list[list]) -> str:
         "",
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
         "",
-        format_table(["policy", *LANGS, "all", "tau"], rows),
+        format_table(["policy", *LANGUAGES, "all", "tau"], rows),
     ]
     if result["live"]:
         lines += live_report(result["live"])

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptive.cost_profile import CostProfile
-from adaptive.costmodel import optimal_gamma, optimal_gamma_from_lengths
+from adaptive.costmodel import optimal_gamma, optimal_gamma_from_lengths, throughput_speedup
 from adaptive.policy import DraftPolicy
+from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
+from envs.replay import ReplayBackend
+from envs.rollout import run_policy
+from policies.baselines import StaticDepth
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,15 @@ class Summary:
     """Mean tokens emitted per round."""
 
 
-def play(backend, policy_factory: Callable[[], DraftPolicy], prompts: Sequence[int], langs: Sequence[str], decision_seconds: float) -> list[PromptRecord]:
-    """Generate every prompt with the policy (reset before each generation); one record per prompt."""
-    from envs.rollout import run_policy
-
+def play(
+    backend, policy_factory: Callable[[], DraftPolicy], prompts: Sequence[int], langs: Sequence[str] | None, decision_seconds: float
+) -> list[PromptRecord]:
+    """Generate every prompt with the policy (reset before each generation); one record per prompt
+    (``langs``: each prompt's language, or None where languages play no part)."""
     episodes = run_policy(backend, policy_factory(), prompts, decision_seconds)
     return [
-        PromptRecord(e.prompt, langs[e.prompt], e.tokens, e.seconds, len(e.cycles), sum(c.accepted for c in e.cycles), e.views) for e in episodes
+        PromptRecord(e.prompt, langs[e.prompt] if langs else "", e.tokens, e.seconds, len(e.cycles), sum(c.accepted for c in e.cycles), e.views)
+        for e in episodes
     ]
 
 
@@ -61,31 +66,42 @@ def summarise(records: Sequence[PromptRecord], step_seconds: float, resamples: i
         raise ValueError("no records to summarise")
     tokens = np.array([r.tokens for r in records], dtype=float)
     seconds = np.array([r.seconds for r in records])
-    speedup = tokens.sum() / seconds.sum() * step_seconds
+    speedup = throughput_speedup(tokens.sum(), seconds.sum(), step_seconds)
     picks = np.random.default_rng(seed).integers(0, len(records), size=(resamples, len(records)))
-    ratios = tokens[picks].sum(axis=1) / seconds[picks].sum(axis=1) * step_seconds
+    ratios = throughput_speedup(tokens[picks].sum(axis=1), seconds[picks].sum(axis=1), step_seconds)
     low, high = np.percentile(ratios, [2.5, 97.5])
     rounds = sum(r.rounds for r in records)
     return Summary(int(tokens.sum()), float(seconds.sum()), float(speedup), float(low), float(high), float(tokens.sum() / rounds))
 
 
-def grid_search(backend, prompts: Sequence[int], langs: Sequence[str], max_depth: int, decision_seconds: float) -> tuple[int, dict[int, float]]:
-    """The static depth with the highest replayed throughput on ``prompts``, and every depth's speedup."""
-    from policies.baselines import StaticDepth
+def records_speedup(records: Sequence[PromptRecord], step_seconds: float) -> float:
+    """Σ tokens / Σ seconds of a set of generations, in units of plain decoding."""
+    return throughput_speedup(sum(r.tokens for r in records), sum(r.seconds for r in records), step_seconds)
 
-    speeds = {}
-    for gamma in range(1, max_depth + 1):
-        records = play(backend, lambda g=gamma: StaticDepth(g), prompts, langs, decision_seconds)
-        speeds[gamma] = sum(r.tokens for r in records) / sum(r.seconds for r in records) * backend.target_step_seconds
+
+def static_sweep(backend, prompts: Sequence[int], max_depth: int, decision_seconds: float) -> dict[int, list[PromptRecord]]:
+    """Every static depth 1..max_depth played on ``prompts`` of a backend: the records per depth."""
+    return {depth: play(backend, lambda d=depth: StaticDepth(d), prompts, None, decision_seconds) for depth in range(1, max_depth + 1)}
+
+
+def static_speedups(backend, prompts: Sequence[int], max_depth: int, decision_seconds: float) -> dict[int, float]:
+    """Replayed speedup of every static depth 1..max_depth on ``prompts``."""
+    sweep = static_sweep(backend, prompts, max_depth, decision_seconds)
+    return {depth: records_speedup(records, backend.target_step_seconds) for depth, records in sweep.items()}
+
+
+def grid_search(backend, prompts: Sequence[int], max_depth: int, decision_seconds: float) -> tuple[int, dict[int, float]]:
+    """The static depth with the highest replayed throughput on ``prompts``, and every depth's speedup."""
+    speeds = static_speedups(backend, prompts, max_depth, decision_seconds)
     return max(speeds, key=lambda g: (speeds[g], -g)), speeds
 
 
-def grid_search_splits(splits: dict[str, TraceSet], profile: CostProfile, max_depth: int, decision_seconds: float) -> tuple[list[int], dict[str, dict[int, float]]]:
+def grid_search_splits(
+    splits: dict[str, TraceSet], profile: CostProfile, max_depth: int, decision_seconds: float
+) -> tuple[list[int], dict[str, dict[int, float]]]:
     """Grid search over static depth on several trace sets (e.g. train and val): depths ranked by their mean
     replayed speedup (best first, ties to the shallower), and every set's speedups."""
-    from envs.replay import ReplayBackend
-
-    speeds = {name: grid_search(ReplayBackend(traces, profile, max_depth), range(len(traces)), traces.langs, max_depth, decision_seconds)[1]
+    speeds = {name: static_speedups(ReplayBackend(traces, profile, max_depth), range(len(traces)), max_depth, decision_seconds)
               for name, traces in splits.items()}
     mean = {g: sum(s[g] for s in speeds.values()) / len(speeds) for g in range(1, max_depth + 1)}
     return sorted(mean, key=lambda g: (-mean[g], g)), speeds
@@ -104,7 +120,7 @@ def acceptance_rate(traces: TraceSet) -> float:
 def costmodel_depths(traces: TraceSet, profile: CostProfile, max_depth: int) -> dict[str, int]:
     """γ* of the cost model with α estimated from train traces (i.i.d.), and with the empirical match-length
     distribution (the generalised E); c and g(γ) from the profile."""
-    g = dict(enumerate(profile.g))
+    g = profile.g_curve()
     return {
         "iid": optimal_gamma(acceptance_rate(traces), profile.c, g, max_depth).gamma,
         "lengths": optimal_gamma_from_lengths(np.minimum(traces.match, max_depth).tolist(), profile.c, g, max_depth).gamma,

@@ -16,26 +16,35 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptive.config import ExperimentConfig
-from adaptive.cost_profile import CostProfile
 from adaptive.costmodel import expected_tokens, round_cost
-from adaptive.evaluation import (
+from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.learned_policy import load_policy
+from adaptive.pair import load_pair
+from adaptive.policy import DraftPolicy
+from adaptive.profile import CostProfile
+from adaptive.traces import TraceSet
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from envs.factory import default_traces
+from envs.replay import ReplayBackend
+from lab.config import ExperimentConfig
+from lab.evaluation import (
     PromptRecord,
     Summary,
-    accepted_histogram,
     acceptance_rate,
+    accepted_histogram,
     choices,
     costmodel_depths,
     grid_search_splits,
     play,
     summarise,
 )
-from adaptive.memory import PeakMemory
-from adaptive.policy import DraftPolicy
-from adaptive.report import format_table
-from adaptive.traces import TraceSet
+from lab.memory import PeakMemory
+from lab.plots import plot_evaluation
+from lab.report import format_table
+from lab.tracking import Tracker
+from policies import make_policy
+from policies.oracle import OraclePolicy
 
-LANGS = ("it", "en", "zh", "es")
 DEFAULT_STATIC = 4
 """The untuned static depth the parameter gain is measured against."""
 GRID_LIVE_FINALISTS = 3
@@ -49,10 +58,6 @@ def candidates(
 
     Grid search ranks static depths in replay on the train and val traces; with ``grid_live_per_language``
     the best few are then decoded live on val prompts and the fastest in wall clock is chosen."""
-    from envs.factory import default_traces
-    from policies import make_policy
-    from policies.learned import load_policy
-
     depth = config.env.max_depth
     train, val = TraceSet.load(default_traces("train", config.pair)), TraceSet.load(default_traces("val", config.pair))
     ranked, speeds = grid_search_splits({"train": train, "val": val}, profile, depth, config.env.decision_seconds)
@@ -66,7 +71,7 @@ def candidates(
         fitted["grid_best"] = ranked[0]
     fitted["costmodel"] = costmodel_depths(train, profile, depth)
     fitted["alpha_train"] = acceptance_rate(train)
-    fitted["model_speedups"] = {g: expected_tokens(fitted["alpha_train"], g) / round_cost(profile.c, dict(enumerate(profile.g)), g) for g in range(1, depth + 1)}
+    fitted["model_speedups"] = {g: expected_tokens(fitted["alpha_train"], g) / round_cost(profile.c, profile.g_curve(), g) for g in range(1, depth + 1)}
     chosen: dict[str, Callable[[], DraftPolicy]] = {
         f"grid search (static:{fitted['grid_best']})": lambda: make_policy(f"static:{fitted['grid_best']}"),
         f"default static:{DEFAULT_STATIC}": lambda: make_policy(f"static:{DEFAULT_STATIC}"),
@@ -83,11 +88,10 @@ def candidates(
     return chosen, fitted
 
 
-def replay_comparison(config: ExperimentConfig, profile: CostProfile, policies: dict[str, Callable[[], DraftPolicy]], test: TraceSet) -> dict[str, list[PromptRecord]]:
+def replay_comparison(
+    config: ExperimentConfig, profile: CostProfile, policies: dict[str, Callable[[], DraftPolicy]], test: TraceSet
+) -> dict[str, list[PromptRecord]]:
     """Every policy (and the oracle) on every test trace."""
-    from envs.replay import ReplayBackend
-    from policies.oracle import OraclePolicy
-
     backend = ReplayBackend(test, profile, config.env.max_depth)
     everyone = {**policies, "oracle (replay only)": lambda: OraclePolicy(backend)}
     return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
@@ -95,8 +99,6 @@ def replay_comparison(config: ExperimentConfig, profile: CostProfile, policies: 
 
 def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:
     """Factories of chain decoders, one per policy factory."""
-    from adaptive.decoder import SpeculativeDecoder
-
     return {name: (lambda f=factory: SpeculativeDecoder(pair.target, pair.draft, f(), tokenizer=pair.tokenizer, max_depth=max_depth))
             for name, factory in policies.items()}
 
@@ -104,8 +106,6 @@ def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_dep
 def back_to_back(pair, ids: list[int], decoders: dict[str, Callable[[], object]], new_tokens: int) -> dict[str, tuple]:
     """Plain decoding, then every decoder (factories of objects with ``generate(ids, new_tokens)``), on one
     prompt: (GenerationResult, peak MiB) per name."""
-    from adaptive.decoder import generate_plain
-
     runs = {}
     with PeakMemory(pair.target.device) as peak:
         result = generate_plain(pair.target, ids, new_tokens)
@@ -119,10 +119,6 @@ def back_to_back(pair, ids: list[int], decoders: dict[str, Callable[[], object]]
 
 
 def warm_pair(name: str):
-    from adaptive.decoder import generate_plain
-    from adaptive.pair import load_pair
-    from adaptive.workload import chat_ids
-
     pair = load_pair(name)
     generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
     return pair
@@ -132,13 +128,10 @@ def grid_live(config: ExperimentConfig, depths: list[int], per_language: int, ne
     """Live speedup over plain decoding of each static depth on the first val prompts per language: the
     median over prompts of each prompt's back-to-back ratio, so that one disturbed generation on this
     shared machine cannot flip the choice."""
-    from adaptive.workload import chat_ids, load_prompts
-    from policies import make_policy
-
     pair = warm_pair(config.pair)
     policies = {g: (lambda g=g: make_policy(f"static:{g}")) for g in depths}
     ratios: dict[int, list[float]] = {g: [] for g in depths}
-    for lang in LANGS:
+    for lang in LANGUAGES:
         for prompt in load_prompts("val", lang=lang)[:per_language]:
             runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), chain_decoders(pair, policies, config.env.max_depth), new_tokens)
             plain = runs["plain"][0]
@@ -157,10 +150,8 @@ def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], D
 def live_rows(pair, decoders: dict[str, Callable[[], object]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
     """Per decoder and test prompt (the first ``per_language`` per language): tokens, time, rounds, TTFT,
     inter-token gaps, identical-to-plain and peak memory."""
-    from adaptive.workload import chat_ids, load_prompts
-
     results: dict[str, list[dict]] = {"plain": [], **{name: [] for name in decoders}}
-    for lang in LANGS:
+    for lang in LANGUAGES:
         for prompt in load_prompts("test", lang=lang)[:per_language]:
             runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), decoders, new_tokens)
             plain = runs["plain"][0].token_ids
@@ -207,14 +198,14 @@ def _live_summary(rows: list[dict], plain: list[dict]) -> dict:
 def summarise_live(live: dict[str, list[dict]]) -> dict:
     """Per decoder and language (and all): the live summary, speedups against the plain rows."""
     return {name: {lang: _live_summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live["plain"] if lang in (r["lang"], "all")])
-                   for lang in (*LANGS, "all")} for name, rows in live.items()}
+                   for lang in (*LANGUAGES, "all")} for name, rows in live.items()}
 
 
 def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
     rows, data = [], {}
     for name, mine in records.items():
         cells, data[name] = [name], {}
-        for lang in (*LANGS, "all"):
+        for lang in (*LANGUAGES, "all"):
             subset = [r for r in mine if lang in (r.lang, "all")]
             s: Summary = summarise(subset, step_seconds)
             data[name][lang] = {**s.__dict__, "accepted_hist": accepted_histogram(subset, max_depth)}
@@ -228,23 +219,21 @@ def evaluate(
     config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1
 ) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
-    from envs.factory import default_traces
-
     out.mkdir(parents=True, exist_ok=True)
     profile = CostProfile.load(config.env.profile)
     policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens)
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
-    replay_rows, replay_data = replay_table(replay, profile.target_step_ms / 1e3, config.env.max_depth)
+    replay_rows, replay_data = replay_table(replay, profile.target_step_seconds, config.env.max_depth)
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
     live = live_comparison(config, policies, live_per_language, new_tokens) if live_per_language else {}
     live_data = summarise_live(live)
-    result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "test_prompts": len(test), "live_per_language": live_per_language,
+    result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "test_prompts": len(test),
+              "live_per_language": live_per_language,
               "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     report = _report(result, replay_rows, test)
     (out / "report.md").write_text(report)
-    from adaptive.plots import plot_evaluation
 
     plot_evaluation(result, out / "plots")
     track_comparison(config, out, replay_rows, replay_data, live_data)
@@ -253,14 +242,14 @@ def evaluate(
 
 def track_comparison(config: ExperimentConfig, out: Path, rows: list[list], replay: dict, live: dict) -> None:
     """The comparison tables, native bar charts and the PNG plots, logged in the training runs' W&B group."""
-    from adaptive.tracking import Tracker
-
     tracker = Tracker(config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, f"evaluate-{out.name}",
                       config.to_dict(), out, job_type="evaluate")
-    tracker.log_table("replay_speedup", ["policy", *LANGS, "all", "tau"], rows)
-    tracker.log_bar_chart("replay_speedup_chart", list(replay), [d["all"]["speedup"] for d in replay.values()], "speedup", "replay speedup over plain (test split)")
+    tracker.log_table("replay_speedup", ["policy", *LANGUAGES, "all", "tau"], rows)
+    speedups = [d["all"]["speedup"] for d in replay.values()]
+    tracker.log_bar_chart("replay_speedup_chart", list(replay), speedups, "speedup", "replay speedup over plain (test split)")
     if live:
-        tracker.log_table("live_speedup", ["policy", *LANGS, "all"], [[n, *(round(d[lang]["speedup"], 4) for lang in (*LANGS, "all"))] for n, d in live.items()])
+        columns = (*LANGUAGES, "all")
+        tracker.log_table("live_speedup", ["policy", *columns], [[n, *(round(d[lang]["speedup"], 4) for lang in columns)] for n, d in live.items()])
         tracker.log_bar_chart("live_speedup_chart", list(live), [d["all"]["speedup"] for d in live.values()], "speedup", "live speedup over plain (test split)")
     tracker.log_images({f"plot/{path.stem}": path for path in sorted((out / "plots").glob("*.png"))})
     tracker.finish()
@@ -271,11 +260,12 @@ def live_report(live: dict) -> list[str]:
     rows = []
     for name, data in live.items():
         d = data["all"]
-        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGS), f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]", f"{d['tokens_per_second']:.1f}",
+        interval = f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]"
+        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGUAGES), interval, f"{d['tokens_per_second']:.1f}",
                      f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
                      f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
     return ["", "## Live: wall clock", "",
-            format_table(["policy", *LANGS, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
+            format_table(["policy", *LANGUAGES, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
             "", "Peak MiB: the process's peak resident memory during the generation (both models included), or peak device memory on CUDA."]
 
 
@@ -294,7 +284,7 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
         "",
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
         "",
-        format_table(["policy", *LANGS, "all", "tau"], replay_rows),
+        format_table(["policy", *LANGUAGES, "all", "tau"], replay_rows),
     ]
     if result["live"]:
         lines += live_report(result["live"])

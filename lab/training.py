@@ -28,18 +28,19 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
-from adaptive.config import ExperimentConfig, PPOConfig, config_from_dict
-from adaptive.cost_profile import CostProfile
+from adaptive.costmodel import throughput_speedup
+from adaptive.learned_policy import LearnedPolicy, save_policy
+from adaptive.observation import ObservationSchema
 from adaptive.policy import DraftPolicy
-from adaptive.tracking import Tracker
 from adaptive.tree_traces import TreeTraceSet
-from envs.env import SpecDecodeEnv
-from envs.factory import default_traces, make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
-from envs.rollout import run_policy
-from envs.schema import ObservationSchema
-from envs.synthetic import SyntheticBackend
-from policies.baselines import RandomDepth, StaticDepth
-from policies.learned import LearnedPolicy, export_sb3, save_policy
+from envs.factory import default_traces
+from envs.synthetic import SYNTHETIC_STEP_SECONDS, SyntheticBackend
+from lab.config import ExperimentConfig, config_from_dict
+from lab.environments import evaluate, make_env, run_profile
+from lab.plots import plot_training
+from lab.ppo import export_sb3, load_ppo, new_ppo
+from lab.tracking import Tracker
+from policies.baselines import RandomDepth
 
 log = logging.getLogger(__name__)
 METRICS = ["phase", "decision", "timesteps", "reward_per_step", "reward_per_cycle", "throughput_speedup", "accepted_per_cycle",
@@ -62,61 +63,6 @@ def phases(config: ExperimentConfig) -> list[Phase]:
         if config.cotraining.train_size:
             plan.append(Phase("size", r, "random" if r == 0 and config.cotraining.random_depth_first else "learned"))
     return plan
-
-
-def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | None, evaluation: bool = False) -> SpecDecodeEnv:
-    """The environment a config describes (``evaluation``: replay on the val traces instead of train)."""
-    env = config.env
-    if env.backend == "replay":
-        traces = "val" if evaluation and env.traces == "train" else env.traces
-        if env.tree:
-            return make_tree_replay_env(traces, env.profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
-        return make_replay_env(traces, env.profile, env.max_depth, decision, partner, env.decision_seconds)
-    if env.backend == "synthetic":
-        return make_synthetic_env(
-            env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds
-        )
-    return make_live_env(config.pair, env.split, env.profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds)
-
-
-def _learning_rate(config: PPOConfig):
-    """SB3 learning rate: constant, or decaying linearly to 0 over the phase."""
-    rate = config.learning_rate
-    return (lambda progress: rate * progress) if config.lr_schedule == "linear" else rate
-
-
-def _ppo(config: PPOConfig, env: SpecDecodeEnv, seed: int) -> PPO:
-    schedule = _learning_rate(config)
-    return PPO(
-        "MlpPolicy",
-        env,
-        learning_rate=schedule,
-        n_steps=config.n_steps,
-        batch_size=config.batch_size,
-        n_epochs=config.n_epochs,
-        gamma=config.gamma,
-        gae_lambda=config.gae_lambda,
-        ent_coef=config.ent_coef,
-        clip_range=config.clip_range,
-        policy_kwargs={"net_arch": {"pi": list(config.net), "vf": list(config.net)}},
-        seed=seed,
-        device="cpu",
-        verbose=0,
-    )
-
-
-def _load_ppo(config: PPOConfig, path: Path, env: SpecDecodeEnv) -> PPO:
-    """A trained model to continue from, with this config's optimisation settings and a fresh step count
-    (so a linear learning-rate schedule starts from its peak)."""
-    if not path.is_file():
-        raise ValueError(f"cannot initialise from {path}: no such checkpoint")
-    schedule = _learning_rate(config)
-    model = PPO.load(
-        path, env=env, device="cpu", learning_rate=schedule, n_steps=config.n_steps, batch_size=config.batch_size,
-        n_epochs=config.n_epochs, gamma=config.gamma, gae_lambda=config.gae_lambda, ent_coef=config.ent_coef,
-    )
-    model.num_timesteps = 0
-    return model
 
 
 class _Progress(BaseCallback):
@@ -155,7 +101,7 @@ class _Progress(BaseCallback):
             "timesteps": self.done,
             "reward_per_step": float(np.mean(self.rewards)) if self.rewards else 0.0,
             "reward_per_cycle": float(np.sum(self.rewards)) / max(1, self.cycles),
-            "throughput_speedup": self.tokens / self.seconds * self.run.target_step_seconds if self.seconds else 0.0,
+            "throughput_speedup": throughput_speedup(self.tokens, self.seconds, self.run.target_step_seconds) if self.seconds else 0.0,
             "accepted_per_cycle": self.accepted / max(1, self.cycles),
             "continue_fraction": float(np.mean([a == 1 for a in self.actions])) if phase.decision == "depth" else float("nan"),
             "mean_action": float(np.mean(self.actions)) if self.actions else 0.0,
@@ -182,8 +128,8 @@ class TrainingRun:
         self.plan = phases(config)
         self.models: dict[str, PPO] = {}
         self.started = time.time()
-        profile_seconds = CostProfile.load(config.env.profile).target_step_ms / 1e3 if config.env.backend != "synthetic" else 0.05
-        self.target_step_seconds = profile_seconds
+        self.profile = run_profile(config)
+        self.target_step_seconds = self.profile.target_step_seconds if self.profile else SYNTHETIC_STEP_SECONDS
         self.tracker = Tracker(
             config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, folder.name, config.to_dict(), folder
         )
@@ -219,8 +165,7 @@ class TrainingRun:
             backend = SyntheticBackend(env.alphas, c=env.c, g=env.g, max_depth=env.max_depth)
             profile = {"path": None, "c": backend.c, "g": list(backend.g), "hardware": None}
         else:
-            loaded = CostProfile.load(env.profile)
-            profile = {"path": env.profile, "c": loaded.c, "g": list(loaded.g), "hardware": loaded.hardware}
+            profile = {"path": env.profile, "c": self.profile.c, "g": list(self.profile.g), "hardware": self.profile.hardware}
         return {
             "name": f"learned:{self.config.name}",
             "schema": ObservationSchema(env.max_depth).describe(),
@@ -261,14 +206,14 @@ class TrainingRun:
         for index in range(start_phase, len(self.plan)):
             phase = self.plan[index]
             settings = self.config.depth_policy if phase.decision == "depth" else self.config.size_policy
-            env = make_env(self.config, phase.decision, self.partner(phase))
+            env = make_env(self.config, phase.decision, self.partner(phase), self.profile)
             env.reset(seed=self.config.seed + index)
             if phase.decision in self.models:
                 self.models[phase.decision].set_env(env)
             elif self.config.init_from:
-                self.models[phase.decision] = _load_ppo(settings, Path(self.config.init_from) / "checkpoints" / f"{phase.decision}.zip", env)
+                self.models[phase.decision] = load_ppo(settings, Path(self.config.init_from) / "checkpoints" / f"{phase.decision}.zip", env)
             else:
-                self.models[phase.decision] = _ppo(settings, env, self.config.seed + index)
+                self.models[phase.decision] = new_ppo(settings, env, self.config.seed + index)
             done = start_done if index == start_phase else 0
             remaining = settings.timesteps - done
             if remaining > 0:
@@ -281,62 +226,14 @@ class TrainingRun:
         policy = self.current_policy()
         final = self.folder / "final"
         save_policy(final, policy.depth_net, policy.metadata, policy.size_net)
-        evaluation = evaluate(self.config, policy)
+        evaluation = evaluate(self.config, policy, self.profile)
         (self.folder / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
-        self.tracker.log_table("evaluation", ["policy", "speedup", "tokens", "seconds"], [[k, v["speedup"], v["tokens"], v["seconds"]] for k, v in evaluation.items()])
+        rows = [[k, v["speedup"], v["tokens"], v["seconds"]] for k, v in evaluation.items()]
+        self.tracker.log_table("evaluation", ["policy", "speedup", "tokens", "seconds"], rows)
         plot_training(self.folder)
         self.tracker.log_artifact(final, f"{self.config.name}-policy", "policy")
         self.tracker.finish()
         return final
-
-
-def evaluate(config: ExperimentConfig, policy: DraftPolicy) -> dict[str, dict]:
-    """Speedup over plain decoding of the learned policy, every static depth and (replay) the oracle, on
-    ``eval_episodes`` episodes of the evaluation env (replay: val traces)."""
-    from policies.oracle import OraclePolicy
-
-    env = make_env(config, "depth", None, evaluation=True)
-    backend = env.backend
-    prompts = list(range(min(config.eval_episodes, backend.num_prompts)))
-    candidates: dict[str, DraftPolicy] = {"learned": policy}
-    candidates.update({f"static:{g}": StaticDepth(g) for g in range(1, config.env.max_depth + 1)})
-    if config.env.backend == "replay" and not config.env.tree:
-        candidates["oracle"] = OraclePolicy(backend)
-    result = {}
-    for name, candidate in candidates.items():
-        episodes = run_policy(backend, candidate, prompts, config.env.decision_seconds)
-        tokens, seconds = sum(e.tokens for e in episodes), sum(e.seconds for e in episodes)
-        result[name] = {"speedup": tokens / seconds * backend.target_step_seconds, "tokens": tokens, "seconds": seconds}
-    return result
-
-
-def plot_training(folder: Path) -> None:
-    """Reward and throughput over training, per phase, into ``plots/training.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with (folder / "metrics.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
-    if not rows:
-        return
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for phase in sorted({int(r["phase"]) for r in rows}):
-        mine = [r for r in rows if int(r["phase"]) == phase]
-        label = f"phase {phase + 1} ({mine[0]['decision']})"
-        steps = [int(r["timesteps"]) for r in mine]
-        axes[0].plot(steps, [float(r["reward_per_cycle"]) for r in mine], label=label)
-        axes[1].plot(steps, [float(r["throughput_speedup"]) for r in mine], label=label)
-    axes[0].set(title="reward per cycle", xlabel="environment steps in phase")
-    axes[1].set(title="throughput (speedup over plain decoding)", xlabel="environment steps in phase")
-    for axis in axes:
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    (folder / "plots").mkdir(exist_ok=True)
-    figure.savefig(folder / "plots" / "training.png", dpi=110)
-    plt.close(figure)
 
 
 def train(config: ExperimentConfig, folder: str | Path) -> Path:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from adaptive.config import ExperimentConfig, config_from_dict
-from policies.learned import load_policy
-from policies.training import evaluate, train
+from adaptive.learned_policy import load_policy
+from adaptive.profile import CostProfile
+from lab.config import ExperimentConfig, config_from_dict
+from lab.environments import evaluate
+from lab.training import train
 
 
 def retarget_config(config: ExperimentConfig, run: Path, profile: str, timesteps: int) -> ExperimentConfig:
@@ -41,7 +43,7 @@ def retarget(run: str | Path, profile: str, timesteps: int, out: str | Path) -> 
     if not Path(profile).is_file():
         raise ValueError(f"profile {profile} does not exist (write one with: adaptive profile --out {profile})")
     config = retarget_config(original, run, profile, timesteps)
-    before = evaluate(config, load_policy(run / "final"))
+    before = evaluate(config, load_policy(run / "final"), CostProfile.load(profile))
     train(config, out)
     after = json.loads((out / "evaluation.json").read_text())
     statics = {name: v["speedup"] for name, v in before.items() if name.startswith("static:")}

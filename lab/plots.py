@@ -3,9 +3,13 @@ model's curve over it; accepted-length histograms; what the learned policy chose
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
-LANGS = ("it", "en", "zh", "es", "all")
+from adaptive.workload import LANGUAGES
+
+COLUMNS = (*LANGUAGES, "all")
+"""Bars per language and over all prompts."""
 
 
 def plot_evaluation(result: dict, folder: Path) -> None:
@@ -49,9 +53,9 @@ def plot_speedups(data: dict, path: Path, title: str) -> None:
     figure, axis = plt.subplots(figsize=(14, 4.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        axis.bar([x + i * width for x in range(len(LANGS))], [data[name][lang]["speedup"] for lang in LANGS], width, label=name)
+        axis.bar([x + i * width for x in range(len(COLUMNS))], [data[name][lang]["speedup"] for lang in COLUMNS], width, label=name)
     axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(LANGS))], LANGS)
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(COLUMNS))], COLUMNS)
     axis.set(ylabel="speedup over plain decoding", title=title)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
@@ -98,4 +102,33 @@ def _plot_choices(plt, choices: dict, path: Path) -> None:
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_training(folder: Path) -> None:
+    """Reward and throughput over training, per phase, into ``plots/training.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with (folder / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows:
+        return
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for phase in sorted({int(r["phase"]) for r in rows}):
+        mine = [r for r in rows if int(r["phase"]) == phase]
+        label = f"phase {phase + 1} ({mine[0]['decision']})"
+        steps = [int(r["timesteps"]) for r in mine]
+        axes[0].plot(steps, [float(r["reward_per_cycle"]) for r in mine], label=label)
+        axes[1].plot(steps, [float(r["throughput_speedup"]) for r in mine], label=label)
+    axes[0].set(title="reward per cycle", xlabel="environment steps in phase")
+    axes[1].set(title="throughput (speedup over plain decoding)", xlabel="environment steps in phase")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    (folder / "plots").mkdir(exist_ok=True)
+    figure.savefig(folder / "plots" / "training.png", dpi=110)
     plt.close(figure)

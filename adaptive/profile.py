@@ -1,0 +1,143 @@
+"""A hardware cost profile of a model pair, as one object: read, written, derived and queried here; measured
+by :mod:`adaptive.profiling`.
+
+The profile holds the median draft step time and target forward time of 1..N tokens at a few context
+lengths, and its summary at a reference context: ``c`` (draft step / target step) and ``g[γ]``
+(verification of γ drafted tokens, γ + 1 fed, / target step). The cost model, the environments, training
+and evaluation consume it; load it once per run and pass the object down. Between measured context lengths
+times are interpolated linearly; beyond them the nearest is used.
+
+On disk it is the JSON document ``adaptive profile`` writes; :attr:`CostProfile.document` keeps that
+document whole (quartiles, provenance), so a loaded profile saves back unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REQUIRED_KEYS = ("contexts", "reference_context", "draft_step", "verify", "c", "g", "target_step_ms", "hardware")
+QUANTILES = ("median_ms", "p25_ms", "p75_ms")
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Measured step times of a model pair as functions of context length and tokens verified."""
+
+    contexts: tuple[int, ...]
+    draft_ms: tuple[float, ...]
+    """Median draft step time per context."""
+    verify_ms: tuple[tuple[float, ...], ...]
+    """verify_ms[i][n - 1]: median target forward time of n tokens at contexts[i]."""
+    c: float
+    g: tuple[float, ...]
+    """g[γ]: verification cost of γ drafted tokens (γ + 1 forwarded) relative to one target step."""
+    target_step_ms: float
+    hardware: dict
+    document: dict = field(default_factory=dict, repr=False, compare=False)
+    """The JSON document this profile was read from or measured as (empty for one built in code)."""
+
+    @classmethod
+    def from_dict(cls, document: dict, source: str = "profile") -> CostProfile:
+        """Parse a profile document; ``source`` names it in errors."""
+        missing = [key for key in REQUIRED_KEYS if key not in document]
+        if missing:
+            raise ValueError(f"{source} is not a cost profile: key {missing[0]!r} is missing (written by `adaptive profile`)")
+        contexts = tuple(sorted(int(c) for c in document["contexts"]))
+        verify = tuple(
+            tuple(document["verify"][str(c)][str(n)]["median_ms"] for n in range(1, len(document["verify"][str(c)]) + 1)) for c in contexts
+        )
+        return cls(
+            contexts=contexts,
+            draft_ms=tuple(document["draft_step"][str(c)]["median_ms"] for c in contexts),
+            verify_ms=verify,
+            c=float(document["c"]),
+            g=tuple(float(document["g"][str(gamma)]) for gamma in range(len(document["g"]))),
+            target_step_ms=float(document["target_step_ms"]),
+            hardware=dict(document["hardware"]),
+            document=document,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostProfile:
+        """Read a profile JSON written by ``adaptive profile`` (or :meth:`save`)."""
+        return cls.from_dict(json.loads(Path(path).read_text()), str(path))
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile document as JSON."""
+        if not self.document:
+            raise ValueError("this profile was built in code, not measured or loaded: it has no document to save")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.document, indent=1))
+
+    def with_metadata(self, **entries) -> CostProfile:
+        """The same profile with extra top-level entries in its document (e.g. ``pair=...``)."""
+        return CostProfile.from_dict({**self.document, **entries})
+
+    def scaled(self, verify_slope: float, draft_scale: float) -> CostProfile:
+        """A what-if profile: every extra verified token costs ``verify_slope`` times what it was measured to
+        cost (a machine with more parallel compute), and every draft step ``draft_scale`` times. Marked as
+        derived in its ``hardware`` entry."""
+        if verify_slope < 0 or draft_scale <= 0:
+            raise ValueError(f"verify_slope must be >= 0 and draft_scale > 0, got {verify_slope} and {draft_scale}")
+        measured = self.document
+        derived = copy.deepcopy(measured)
+        for ctx, row in derived["verify"].items():
+            base = measured["verify"][ctx]["1"]["median_ms"]
+            for n, point in row.items():
+                for key in QUANTILES:
+                    point[key] = base + verify_slope * (measured["verify"][ctx][n][key] - base)
+        for point in derived["draft_step"].values():
+            for key in QUANTILES:
+                point[key] *= draft_scale
+        summarise(derived)
+        derived["hardware"] = {**measured["hardware"], "what_if": f"derived: verify slope x{verify_slope:g}, draft step x{draft_scale:g}"}
+        return CostProfile.from_dict(derived)
+
+    @property
+    def target_step_seconds(self) -> float:
+        """One plain target step at the reference context: the unit every speedup is measured in."""
+        return self.target_step_ms / 1e3
+
+    @property
+    def max_verify(self) -> int:
+        """Largest number of drafted tokens the profile can time in one verification."""
+        return len(self.verify_ms[0]) - 1
+
+    def g_curve(self) -> dict[int, float]:
+        """g as the cost model takes it: ``{γ: g(γ)}``."""
+        return dict(enumerate(self.g))
+
+    def _interpolate(self, values: list[float] | tuple[float, ...], context: int) -> float:
+        contexts = self.contexts
+        if context <= contexts[0]:
+            return values[0]
+        if context >= contexts[-1]:
+            return values[-1]
+        i = bisect_left(contexts, context)
+        share = (context - contexts[i - 1]) / (contexts[i] - contexts[i - 1])
+        return values[i - 1] + share * (values[i] - values[i - 1])
+
+    def draft_seconds(self, context: int) -> float:
+        """One draft step at this context length."""
+        return self._interpolate(self.draft_ms, context) / 1e3
+
+    def verify_seconds(self, context: int, drafted: int) -> float:
+        """One target forward verifying ``drafted`` tokens (``drafted + 1`` fed) at this context length."""
+        if not 0 <= drafted <= self.max_verify:
+            raise ValueError(f"the profile times verifications of 0..{self.max_verify} drafted tokens, not {drafted}")
+        return self._interpolate([row[drafted] for row in self.verify_ms], context) / 1e3
+
+
+def summarise(document: dict) -> None:
+    """Fill a profile document's summary (``target_step_ms``, ``draft_step_ms``, ``c``, ``g``) from its
+    measurements at the reference context, in place."""
+    reference = document["verify"][str(document["reference_context"])]
+    step = reference["1"]["median_ms"]
+    document["target_step_ms"] = step
+    document["draft_step_ms"] = document["draft_step"][str(document["reference_context"])]["median_ms"]
+    document["c"] = document["draft_step_ms"] / step
+    document["g"] = {str(gamma): reference[str(gamma + 1)]["median_ms"] / step for gamma in range(len(reference))}

@@ -1,0 +1,54 @@
+"""What several commands share: pair arguments, and the per-round and summary tables of a generation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from adaptive.generation import GenerationResult
+from adaptive.pair import PAIRS, ModelPair, load_pair, load_pair_from_paths
+from lab.report import format_table
+
+
+def floats(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated numbers."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from error
+
+
+def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", help=f"a named pair: {', '.join(PAIRS)}")
+    parser.add_argument("--target", help="folder (or hub id) of the target model, instead of --pair")
+    parser.add_argument("--draft", help="folder of the draft model (same tokenizer), instead of --pair")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu")
+
+
+def pair_from_arguments(args: argparse.Namespace) -> ModelPair:
+    """The pair named by --pair, or the one given by --target and --draft."""
+    if args.pair:
+        return load_pair(args.pair, args.dtype, args.device)
+    if not (args.target and args.draft):
+        raise ValueError("give --pair NAME, or both --target PATH and --draft PATH")
+    return load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
+
+
+def pair_name(args: argparse.Namespace) -> str:
+    """The name trace and profile files are called by: the pair's, or the draft folder's."""
+    return args.pair or Path(args.draft).name
+
+
+def print_rounds(result: GenerationResult) -> None:
+    rows = [
+        [i, r.context_length, r.drafted, r.verified, r.accepted, r.emitted,
+         f"{r.draft_time * 1e3:.2f}", f"{r.verify_time * 1e3:.2f}", f"{r.policy_time * 1e3:.3f}"]
+        for i, r in enumerate(result.rounds, start=1)
+    ]
+    print(format_table(["round", "context", "drafted", "verified", "accepted", "emitted", "draft ms", "verify ms", "policy ms"], rows))
+
+
+def summary_row(label: str, result: GenerationResult) -> list:
+    return [label, len(result.token_ids), len(result.rounds), f"{result.mean_emitted:.2f}", f"{result.acceptance_rate:.3f}",
+            f"{result.total_time:.3f}", f"{result.tokens_per_second:.1f}"]

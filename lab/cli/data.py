@@ -1,0 +1,144 @@
+"""Commands that measure or make data: ``profile``, ``record``, ``distill``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from adaptive.models import cache_root
+from adaptive.pair import load_target
+from adaptive.profiling import profile_pair
+from adaptive.sampling import SamplingConfig
+from adaptive.tree import TreeShape
+from lab.cli.common import add_pair_arguments, pair_from_arguments, pair_name
+from lab.distill import DistillConfig, distill
+from lab.recording import TRACES, record_chains, record_tree_traces, select_prompts
+from lab.report import format_table
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    pair = pair_from_arguments(args)
+    contexts = tuple(int(x) for x in args.contexts.split(","))
+    profile = profile_pair(
+        pair.target, pair.draft, max_verify=args.max_verify, contexts=contexts,
+        reference_context=args.reference_context, repetitions=args.repetitions, tree_mask=args.tree_mask,
+    ).with_metadata(pair=pair.name)
+    profile.save(args.out)
+    document, hw = profile.document, profile.hardware
+    print(f"pair {pair.name}, {document['dtype']}, {hw['processor']} ({hw['torch_threads']} threads), {args.repetitions} repetitions, medians")
+    print(f"target step {profile.target_step_ms:.2f} ms, draft step {document['draft_step_ms']:.2f} ms at context {args.reference_context}")
+    rows = []
+    for gamma in range(0, args.max_verify):
+        point = document["verify"][str(args.reference_context)][str(gamma + 1)]
+        rows.append([gamma, gamma + 1, f"{point['median_ms']:.2f}", f"{point['p25_ms']:.2f}-{point['p75_ms']:.2f}", f"{profile.g[gamma]:.3f}"])
+    print(format_table(["gamma", "tokens verified", "verify ms", "IQR ms", "g(gamma)"], rows))
+    by_context = [[ctx, f"{document['draft_step'][str(ctx)]['median_ms']:.2f}", f"{document['verify'][str(ctx)]['1']['median_ms']:.2f}"] for ctx in contexts]
+    print(format_table(["context", "draft step ms", "target step ms"], by_context))
+    print(f"c = {profile.c:.4f}   profile written to {args.out}")
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Record replay traces of a pair on a workload split (chains; with --tree, trees along the chains' outputs)."""
+    if args.depth < 1 or args.max_new_tokens < 2:
+        raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
+    if args.tree and args.temperature > 0:
+        raise ValueError("--tree records greedy traces only (tree mode is greedy-only); drop --temperature")
+    pair, name = pair_from_arguments(args), pair_name(args)
+    start = time.perf_counter()
+    if args.tree:
+        shape = TreeShape.parse(args.tree)
+        source = args.outputs or TRACES / f"{name}-{args.split}.npz"
+        traces = record_tree_traces(pair, name, source, split=args.split, dtype=args.dtype, shape=shape, depth=args.depth,
+                                    lang=args.lang, per_language=args.per_language, limit=args.limit)
+        out = Path(args.out or TRACES / f"{name}-{args.split}-tree.npz")
+        traces.save(out)
+        print(f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, k={shape.branching} W={shape.width} V={shape.size} depth {args.depth}, "
+              f"on-path nodes per position {traces.on_path.sum(axis=1).mean():.3f}, {time.perf_counter() - start:.0f} s -> {out} "
+              f"({out.stat().st_size / 1e6:.1f} MB)")
+        return 0
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    prompts = select_prompts(args.split, args.lang, args.per_language, args.limit)
+    traces = record_chains(pair, name, prompts, split=args.split, dtype=args.dtype, depth=args.depth, max_new_tokens=args.max_new_tokens,
+                           sampling=sampling, outputs=args.outputs, profile=args.profile, seed=args.seed)
+    suffix = "" if sampling.is_greedy else f"-t{args.temperature:g}"
+    out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
+    traces.save(out)
+    summary = f"mean first-step acceptance {traces.accept_prob[:, 0].mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
+    print(f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, K={args.depth}, {sampling.describe()}, {summary}, "
+          f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
+          f"({out.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    """Distil a draft for the default target on the workload corpus (long: run it in the background)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    corpus = Path(args.corpus or cache_root() / "corpus.jsonl")
+    if not corpus.is_file():
+        raise ValueError(f"corpus {corpus} is missing; build it with `python scripts/build_workload.py`")
+    target, tokenizer = load_target("smollm2-135m")
+    config = DistillConfig(
+        num_layers=args.layers, vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+        response_fraction=args.response_fraction, seed=args.seed, init=args.init,
+    )
+    summary = distill(target.requires_grad_(False), tokenizer, corpus, Path(args.out), config, cache_root() / "distill")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def register(commands) -> None:
+    """Add this module's subcommands to the ``adaptive`` parser."""
+    prof = commands.add_parser("profile", help="measure draft step and verification costs of a pair on this machine")
+    add_pair_arguments(prof)
+    prof.add_argument("--out", default="profiles/profile.json", help="where to write the JSON profile")
+    prof.add_argument("--max-verify", type=int, default=32, help="largest number of tokens verified at once")
+    prof.add_argument("--contexts", default="64,128,512", help="context lengths to measure at")
+    prof.add_argument("--reference-context", type=int, default=128, help="context at which c and g are summarised")
+    prof.add_argument("--repetitions", type=int, default=7)
+    prof.add_argument("--tree-mask", action="store_true", help="time verifications as tree decoding runs them (explicit tree attention mask)")
+    prof.add_argument("--threads", type=int, help="torch CPU threads to measure with (default: torch's own choice)")
+    prof.set_defaults(func=cmd_profile)
+
+    rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
+    add_pair_arguments(rec)
+    rec.set_defaults(pair="smollm2-135m")
+    rec.add_argument("--split", default="train", choices=["train", "val", "test"])
+    rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
+    rec.add_argument("--limit", type=int, help="only the first N prompts")
+    rec.add_argument("--per-language", type=int, help="only the first N prompts of each language")
+    rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
+    rec.add_argument("--max-new-tokens", type=int, default=128)
+    rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")
+    rec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, exact replay (default); > 0 records acceptance probabilities")
+    rec.add_argument("--top-k", type=int, default=None)
+    rec.add_argument("--top-p", type=float, default=1.0)
+    rec.add_argument("--seed", type=int, default=0, help="seed of the sampled outputs and drafts (T > 0)")
+    rec.add_argument("--profile", help="cost profile to note in the metadata (default profiles/PAIR.json)")
+    rec.add_argument("--tree", metavar="K,W,V", help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
+                     "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels")
+    rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree)")
+    rec.set_defaults(func=cmd_record)
+
+    dist = commands.add_parser("distill", help="distil a draft from the default target on the workload corpus")
+    dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log")
+    dist.add_argument("--corpus", help="corpus JSONL (default: the one scripts/build_workload.py wrote)")
+    dist.add_argument("--layers", type=int, default=2)
+    dist.add_argument("--vocab", type=int, default=8192, help="size of the draft's output token subset")
+    dist.add_argument("--steps", type=int, default=900)
+    dist.add_argument("--batch-size", type=int, default=8)
+    dist.add_argument("--learning-rate", type=float, default=5e-4, help="peak AdamW learning rate")
+    dist.add_argument("--response-fraction", type=float, default=0.5, help="share of each batch from target responses")
+    dist.add_argument("--init", help="continue from this saved draft folder (keeps its layers and token subset)")
+    dist.add_argument("--seed", type=int, default=0)
+    dist.set_defaults(func=cmd_distill)

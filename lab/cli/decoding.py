@@ -1,0 +1,167 @@
+"""Commands about decoding itself: ``exactness``, ``costmodel``, ``generate``, ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+
+from adaptive import costmodel, exactness
+from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.profile import CostProfile
+from adaptive.sampling import SamplingConfig
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.cli.common import add_pair_arguments, floats, pair_from_arguments, print_rounds, summary_row
+from lab.report import format_table
+from policies import make_policy
+
+POLICY_HELP = ("draft policy spec: static:G, heuristic, confidence[:TAU], entropy[:H], costmodel[:C], "
+               "or a learned policy's run folder / policy.json")
+
+
+def cmd_exactness(args: argparse.Namespace) -> int:
+    """Exact induced distributions of both rules, then the paired Monte Carlo."""
+    p, q = args.p, args.q
+    rows = []
+    for name, rule in exactness.RULES.items():
+        induced = exactness.induced_distribution(p, q, rule)
+        rows.append([name, *(f"{x:.6f}" for x in induced.tolist()), f"{exactness.total_variation(induced, p):.6f}"])
+    symbols = [chr(ord("A") + i) for i in range(len(p))]
+    print(f"p = {p}\nq = {q}\n\nExact output distribution induced by each correction rule:")
+    print(format_table(["rule", *symbols, "TV to p"], [["target p", *(f"{x:.6f}" for x in p), "0"], *rows]))
+    audit = exactness.monte_carlo_audit(p, q, trials=args.trials, seed=args.seed)
+    print(f"\nMonte Carlo: {audit.trials} trials, seed {audit.seed}; both rules share proposals and accept decisions.")
+    header = ["rule", *(f"freq {s}" for s in symbols), *(f"dev {s}" for s in symbols), "max |dev|/SE"]
+    mc_rows = []
+    for name, freq in audit.frequencies.items():
+        deviation = freq - torch.tensor(p, dtype=freq.dtype)
+        z = float((deviation.abs() / audit.standard_error).max())
+        mc_rows.append([name, *(f"{x:.5f}" for x in freq.tolist()), *(f"{x:+.5f}" for x in deviation.tolist()), f"{z:.1f}"])
+    print(format_table(header, mc_rows))
+    print("standard error sqrt(p(1-p)/n): " + ", ".join(f"{s} {se:.5f}" for s, se in zip(symbols, audit.standard_error.tolist())))
+    return 0
+
+
+def cmd_costmodel(args: argparse.Namespace) -> int:
+    """Sweep γ = 1..max and print the optimum."""
+    g: costmodel.GCurve = CostProfile.load(args.g_profile).g_curve() if args.g_profile else args.g
+    points = costmodel.sweep(lambda gamma: costmodel.expected_tokens(args.alpha, gamma), args.c, g, args.max_gamma)
+    best = costmodel.best(points)
+    g_label = f"profile {args.g_profile}" if args.g_profile else f"g={args.g:g}"
+    print(f"alpha={args.alpha:g}  c={args.c:g}  {g_label}")
+    rows = [[p.gamma, f"{p.expected_tokens:.6f}", f"{p.cost:.4f}", f"{p.speedup:.4f}", "<- optimum" if p is best else ""] for p in points]
+    print(format_table(["gamma", "E[tokens]", "g+c*gamma", "speedup", ""], rows))
+    print(f"optimal gamma* = {best.gamma}: E = {best.expected_tokens:.6f}, S = {best.speedup:.3f}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Speculative generation of one prompt, with per-round statistics and optional plain comparison."""
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    policy = make_policy(args.policy)
+    pair = pair_from_arguments(args)
+    if args.tree:
+        if not sampling.is_greedy:
+            raise ValueError("--tree is greedy-only (exact multi-candidate verification for T > 0 is not implemented): drop --temperature or --tree")
+        shape = TreeShape.parse(args.tree)
+        run = TreeDecoder(pair.target, pair.draft, policy, shape, tokenizer=pair.tokenizer, max_depth=args.max_depth).generate
+        mode = f"tree k={shape.branching} W={shape.width} V={shape.size}"
+    else:
+        chain = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
+        run = functools.partial(chain.generate, seed=args.seed)
+        mode = "chain"
+    prompt = chat_ids(pair.tokenizer, args.prompt) if args.chat else args.prompt
+    if args.warmup:
+        run(prompt, min(8, args.max_new_tokens))
+    result = run(prompt, args.max_new_tokens)
+    print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}\n")
+    print(f"{args.prompt}\n--> {result.text}\n")
+    if not args.quiet_rounds:
+        print_rounds(result)
+    rows = [summary_row(f"speculative ({policy.name})", result)]
+    if args.compare:
+        plain = generate_plain(pair.target, prompt, args.max_new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed)
+        rows.append(summary_row("plain target", plain))
+    print()
+    print(format_table(["decoder", "tokens", "rounds", "tokens/round", "accept rate", "seconds", "tokens/s"], rows))
+    if args.compare:
+        print(f"\nspeedup over plain decoding: {result.tokens_per_second / plain.tokens_per_second:.3f}x (same run, same prompt)")
+        if sampling.is_greedy:
+            print(f"greedy outputs: {'identical' if plain.token_ids == result.token_ids else 'DIFFERENT'}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Decode one test prompt per language, speculative and plain side by side, and print the speedups."""
+    sampling = SamplingConfig(args.temperature)
+    pair = pair_from_arguments(args)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy), sampling, tokenizer=pair.tokenizer)
+    decoder.generate(chat_ids(pair.tokenizer, "Hello"), max_new_tokens=8)  # warm-up
+    print(f"pair {pair.name}, policy {decoder.policy.name}, {sampling.describe()}, {args.max_new_tokens} new tokens, "
+          f"first test-split prompt per language, plain and speculative in the same run\n")
+    rows = []
+    for index, lang in enumerate(LANGUAGES):
+        prompt = load_prompts("test", lang=lang)[0]
+        ids = chat_ids(pair.tokenizer, prompt["prompt"])
+        result = decoder.generate(ids, args.max_new_tokens, seed=args.seed)
+        plain = generate_plain(pair.target, ids, args.max_new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed)
+        if index == 0:
+            print(f"[{prompt['id']}] {prompt['prompt'][:200]}\n--> {result.text}\n")
+            print_rounds(result)
+            print()
+        same = "yes" if result.token_ids == plain.token_ids else ("n/a (sampled)" if not sampling.is_greedy else "NO")
+        rows.append([
+            lang, prompt["task"], len(result.token_ids), f"{result.mean_emitted:.2f}", f"{result.acceptance_rate:.3f}",
+            f"{plain.tokens_per_second:.1f}", f"{result.tokens_per_second:.1f}", f"{result.tokens_per_second / plain.tokens_per_second:.2f}x", same,
+        ])
+    print(format_table(["lang", "task", "tokens", "tokens/round", "accept rate", "plain tok/s", "spec tok/s", "speedup", "identical"], rows))
+    return 0
+
+
+def register(commands) -> None:
+    """Add this module's subcommands to the ``adaptive`` parser."""
+    audit = commands.add_parser("exactness", help="audit correction rules: exact induced distributions and Monte Carlo")
+    audit.add_argument("--p", type=floats, default=exactness.SEED_P, help="target distribution, e.g. 0.5,0.3,0.2")
+    audit.add_argument("--q", type=floats, default=exactness.SEED_Q, help="draft distribution, e.g. 0.2,0.5,0.3")
+    audit.add_argument("--trials", type=int, default=200_000, help="Monte Carlo trials (default 200000)")
+    audit.add_argument("--seed", type=int, default=exactness.SEED_MONTE_CARLO, help="Monte Carlo seed (default 20260923)")
+    audit.set_defaults(func=cmd_exactness)
+
+    cost = commands.add_parser("costmodel", help="speedup sweep over static depth and the analytic optimum")
+    cost.add_argument("--alpha", type=float, required=True, help="per-token acceptance probability α in [0, 1]")
+    cost.add_argument("--c", type=float, required=True, help="draft step cost / target step cost")
+    g_group = cost.add_mutually_exclusive_group()
+    g_group.add_argument("--g", type=float, default=1.0, help="verification cost in target steps (default 1)")
+    g_group.add_argument("--g-profile", help="a measured cost profile (adaptive profile --out FILE): g(γ) from it")
+    cost.add_argument("--max-gamma", type=int, default=16, help="largest γ in the sweep (default 16)")
+    cost.set_defaults(func=cmd_costmodel)
+
+    gen = commands.add_parser("generate", help="speculative decoding of one prompt with per-round statistics")
+    gen.add_argument("prompt", help="the prompt text")
+    add_pair_arguments(gen)
+    gen.add_argument("--policy", default="static:4", help=POLICY_HELP)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1.0)")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--max-depth", type=int, default=16, help="hard cap on drafted tokens per round (tree depth with --tree)")
+    gen.add_argument("--tree", metavar="K,W,V",
+                     help="draft trees (greedy only): K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    gen.add_argument("--compare", action="store_true", help="also run plain target decoding and print the speedup")
+    gen.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the short warm-up generation")
+    gen.add_argument("--quiet-rounds", action="store_true", help="do not print the per-round table")
+    gen.set_defaults(func=cmd_generate)
+
+    demo = commands.add_parser("demo", help="decode one test prompt per language, speculative vs plain, with speedups")
+    add_pair_arguments(demo)
+    demo.set_defaults(pair="smollm2-135m")
+    demo.add_argument("--policy", default="entropy", help="draft policy spec (default entropy: the fastest baseline measured on the default pair)")
+    demo.add_argument("--temperature", type=float, default=0.0)
+    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=cmd_demo)

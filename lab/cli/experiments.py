@@ -1,0 +1,97 @@
+"""Commands that train and judge policies: ``train``, ``evaluate``, ``retarget``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lab.comparison import evaluate
+from lab.config import load_config
+from lab.report import format_table
+from lab.retarget import retarget
+from lab.runs import finished_run_name, latest_runs, link_latest, stamped
+from lab.training import resume, train
+from lab.tree_comparison import evaluate_trees
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train depth (and size) policies with PPO as an experiment config says; or resume a killed run."""
+    if bool(args.config) == bool(args.resume):
+        raise ValueError("give either a CONFIG file or --resume RUN_DIR")
+    if args.resume:
+        folder = Path(args.resume)
+        final = resume(folder)
+    else:
+        config = load_config(args.config)
+        folder = stamped(args.runs, config.name)
+        print(f"run folder: {folder}")
+        final = train(config, folder)
+        print(f"{link_latest(args.runs, config.name, folder)} now points to this run")
+    evaluation = json.loads((folder / "evaluation.json").read_text())
+    rows = [[name, f"{v['speedup']:.3f}x", v["tokens"], f"{v['seconds']:.2f}"] for name, v in evaluation.items()]
+    print(format_table(["policy (evaluation env)", "speedup over plain", "tokens", "modelled seconds"], rows))
+    print(f"policy: {final}   use it: adaptive generate --policy {folder} ...   plots: {folder / 'plots'}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Compare learned policies with grid search, the cost model, heuristics and the oracle on the test split."""
+    config = load_config(args.config)
+    learned = args.policy or latest_runs(args.runs, config.name)
+    out = Path(args.out or stamped("evaluations", config.name))
+    if config.env.tree:
+        evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens)
+    else:
+        evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language)
+    print((out / "report.md").read_text())
+    print(f"report, evaluation.json and plots in {out}")
+    return 0
+
+
+def cmd_retarget(args: argparse.Namespace) -> int:
+    """Evaluate a trained policy under another cost profile and re-train it briefly from its checkpoints."""
+    run = Path(args.run)
+    out = Path(args.out or stamped(args.runs, f"{finished_run_name(run)}-retarget"))
+    print(f"re-training into {out}")
+    result = retarget(run, args.profile, args.timesteps, out)
+    rows = [
+        ["old policy, old profile", f"{result['old_policy_on_old_profile']:.3f}x"],
+        ["old policy, new profile", f"{result['old_policy']:.3f}x"],
+        [f"re-trained ({args.timesteps} steps), new profile", f"{result['retrained_policy']:.3f}x"],
+        [f"best static ({result['best_static']['policy']}), new profile", f"{result['best_static']['speedup']:.3f}x"],
+        ["oracle, new profile", f"{result['oracle']:.3f}x"],
+    ]
+    print(f"replay on the val traces; new profile {args.profile} (old: {result['old_profile']})")
+    print(format_table(["policy", "speedup over plain"], rows))
+    print(f"re-training gain {result['retraining_gain']:+.1%}; written to {out / 'retarget.json'}; use it: --policy {out}")
+    return 0
+
+
+def register(commands) -> None:
+    """Add this module's subcommands to the ``adaptive`` parser."""
+    trn = commands.add_parser("train", help="train draft policies with PPO from an experiment config")
+    trn.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/); RUNS/NAME-latest links the newest")
+    trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    trn.set_defaults(func=cmd_train)
+
+    ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
+    ev.add_argument("config", help="the experiment YAML the policies were trained with")
+    ev.add_argument("--policy", action="append",
+                    help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains")
+    ev.add_argument("--runs", default="runs")
+    ev.add_argument("--live-per-language", type=int, default=2, help="test prompts per language decoded live (0: replay only)")
+    ev.add_argument("--grid-live-per-language", type=int, default=1,
+                    help="val prompts per language on which grid search's 3 best depths are decoded live (0: choose in replay)")
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
+    ev.set_defaults(func=cmd_evaluate)
+
+    ret = commands.add_parser("retarget", help="re-evaluate a trained policy under another cost profile and re-train it briefly")
+    ret.add_argument("run", help="training run folder, e.g. runs/quickstart-latest")
+    ret.add_argument("--profile", required=True, help="the new cost profile (adaptive profile --out FILE)")
+    ret.add_argument("--timesteps", type=int, default=10_000, help="re-training steps per phase (default 10000)")
+    ret.add_argument("--runs", default="runs")
+    ret.add_argument("--out", help="run folder of the re-trained policy (default RUNS/NAME-retarget-DATE)")
+    ret.set_defaults(func=cmd_retarget)

@@ -1,0 +1,47 @@
+"""The environment an experiment config describes (timed by the run's cost profile, loaded once), and the
+replay evaluation of a policy in it against every static depth and the oracle."""
+
+from __future__ import annotations
+
+from adaptive.policy import DraftPolicy
+from adaptive.profile import CostProfile
+from envs.env import SpecDecodeEnv
+from envs.factory import make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
+from lab.config import ExperimentConfig
+from lab.evaluation import play, records_speedup, static_sweep
+from policies.oracle import OraclePolicy
+
+
+def run_profile(config: ExperimentConfig) -> CostProfile | None:
+    """The cost profile a run times its cycles with (None for the synthetic backend, which has its own c and g)."""
+    return None if config.env.backend == "synthetic" else CostProfile.load(config.env.profile)
+
+
+def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | None, profile: CostProfile | None, evaluation: bool = False) -> SpecDecodeEnv:
+    """The environment a config describes, timed by ``profile`` (``evaluation``: replay on the val traces instead of train)."""
+    env = config.env
+    if env.backend == "replay":
+        traces = "val" if evaluation and env.traces == "train" else env.traces
+        if env.tree:
+            return make_tree_replay_env(traces, profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
+        return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds)
+    if env.backend == "synthetic":
+        return make_synthetic_env(
+            env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds
+        )
+    return make_live_env(config.pair, env.split, profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds)
+
+
+def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile | None) -> dict[str, dict]:
+    """Speedup over plain decoding of the learned policy, every static depth and (replay) the oracle, on
+    ``eval_episodes`` episodes of the evaluation env (replay: val traces)."""
+    env = make_env(config, "depth", None, profile, evaluation=True)
+    backend = env.backend
+    prompts = list(range(min(config.eval_episodes, backend.num_prompts)))
+    seconds = config.env.decision_seconds
+    runs = {"learned": play(backend, lambda: policy, prompts, None, seconds)}
+    runs.update({f"static:{depth}": records for depth, records in static_sweep(backend, prompts, config.env.max_depth, seconds).items()})
+    if config.env.backend == "replay" and not config.env.tree:
+        runs["oracle"] = play(backend, lambda: OraclePolicy(backend), prompts, None, seconds)
+    return {name: {"speedup": records_speedup(records, backend.target_step_seconds), "tokens": sum(r.tokens for r in records),
+                   "seconds": sum(r.seconds for r in records)} for name, records in runs.items()}

@@ -1,0 +1,79 @@
+"""Recording replay traces of a workload split: which prompts, the metadata every trace file carries, and
+the check that tree traces follow the prompts their chain traces were recorded with."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from adaptive.decoder import SpeculativeDecoder
+from adaptive.pair import ModelPair
+from adaptive.profile import CostProfile
+from adaptive.profiling import hardware_description
+from adaptive.recorder import record
+from adaptive.sampling import SamplingConfig
+from adaptive.traces import TraceSet
+from adaptive.tree import TreeShape
+from adaptive.tree_traces import TreeTraceSet, record_trees
+from adaptive.workload import chat_ids, first_per_language, load_prompts
+from policies import make_policy
+
+TRACES = Path("data") / "traces"
+
+
+def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) -> dict:
+    """What every trace file records about how it was made."""
+    return {
+        "pair": name, "tokenizer": pair.tokenizer.name_or_path, "split": split, "dtype": dtype,
+        "recorded_on": hardware_description(pair.target.device), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
+    }
+
+
+def select_prompts(split: str, lang: str | None = None, per_language: int | None = None, limit: int | None = None) -> list[dict]:
+    """Workload prompts of a split: optionally one language, the first N per language, the first N overall."""
+    prompts = load_prompts(split, lang=lang)
+    if per_language:
+        prompts = [prompts[k] for k in first_per_language([p["lang"] for p in prompts], per_language)]
+    return prompts[:limit]
+
+
+def record_chains(pair: ModelPair, name: str, prompts: list[dict], *, split: str, dtype: str, depth: int, max_new_tokens: int,
+                  sampling: SamplingConfig, outputs: str | None = None, profile: str | Path | None = None, seed: int = 0) -> TraceSet:
+    """Chain traces of ``prompts`` (greedy: exact replay; T > 0: acceptance probabilities along one sampled
+    output). ``outputs``: a JSONL of known greedy outputs ``{id, response}`` to reuse (checked, repaired)."""
+    if depth < 1 or max_new_tokens < 2:
+        raise ValueError(f"depth must be >= 1 and max_new_tokens >= 2, got {depth} and {max_new_tokens}")
+    given = {row["id"]: row["response"] for row in map(json.loads, Path(outputs).read_text().splitlines())} if outputs else None
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), sampling, tokenizer=pair.tokenizer, max_depth=depth)
+    metadata = trace_metadata(pair, name, split, dtype)
+    profile_path = Path(profile) if profile else Path("profiles") / f"{name}.json"
+    if profile_path.is_file():
+        metadata["profile"] = {"path": str(profile_path), "hardware": CostProfile.load(profile_path).hardware}
+    ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
+    with tqdm(total=len(prompts), desc=f"record {split}", unit="prompt") as progress:
+        return record(decoder, prompts, ids, max_new_tokens, depth, metadata, given, progress, seed)
+
+
+def record_tree_traces(pair: ModelPair, name: str, chain_traces: str | Path, *, split: str, dtype: str, shape: TreeShape, depth: int,
+                       lang: str | None = None, per_language: int | None = None, limit: int | None = None) -> TreeTraceSet:
+    """Tree traces along the greedy outputs of a split's chain traces (which recorded and checked them)."""
+    source = Path(chain_traces)
+    if source.suffix != ".npz":
+        raise ValueError(f"tree traces follow a split's chain trace file (.npz) holding the greedy outputs, got {source}")
+    chain = TraceSet.load(source)
+    by_id = {p["id"]: p for p in load_prompts(split)}
+    keep = [i for i in range(len(chain)) if lang in (None, chain.langs[i])]
+    if per_language:
+        keep = [keep[k] for k in first_per_language([chain.langs[i] for i in keep], per_language)]
+    keep = keep[:limit]
+    prompts = [by_id[chain.prompt_ids[i]] for i in keep]
+    ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
+    if any(len(x) != int(chain.prompt_lengths[i]) for x, i in zip(ids, keep)):
+        raise ValueError(f"{source} was recorded with other prompt tokens than this tokenizer gives")
+    outputs = [chain.output(i).tolist() for i in keep]
+    metadata = trace_metadata(pair, name, split, dtype, outputs_from=str(source), max_new_tokens=chain.max_new_tokens)
+    with tqdm(total=len(prompts), desc=f"record trees {split}", unit="prompt") as progress:
+        return record_trees(pair.draft, prompts, ids, outputs, shape, depth, metadata, progress)

@@ -1,0 +1,128 @@
+"""The EAGLE-3 draft head: its public on-disk layout, the training-time test against step-by-step drafting,
+and a resumable training run on a tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_llama
+from safetensors.torch import load_file, save_file
+
+from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, rotary, save_head
+from lab.distill_eagle3 import HeadTrainingConfig, train_head
+
+VOCAB_IDS = torch.tensor([0, 1, 2, 3, 5, 8, 9, 12, 13, 15])
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    return tiny_llama(seed=3, layers=6, dtype=torch.float32)
+
+
+def _head(target, seed: int = 0) -> Eagle3Head:
+    torch.manual_seed(seed)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, len(VOCAB_IDS)), target.get_input_embeddings()).float()
+    head.set_vocabulary(VOCAB_IDS)
+    return head
+
+
+def test_layout_round_trip_and_public_names(deep_target, tmp_path):
+    head = _head(deep_target)
+    save_head(head, tmp_path / "head", {"note": "test"})
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == len(VOCAB_IDS)
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]  # 2, L/2, L-3 for L = 6
+    names = set(load_file(tmp_path / "head" / "model.safetensors"))
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
+    assert not any("embed_tokens" in name for name in names)  # the target's embedding is borrowed, not stored
+    loaded = load_head(tmp_path / "head", deep_target)
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    assert torch.equal(loaded.target_ids, VOCAB_IDS)
+    assert loaded.t2d.sum() == len(VOCAB_IDS) and bool(loaded.t2d[VOCAB_IDS].all())
+
+
+def test_a_published_checkpoint_without_t2d_and_with_a_model_prefix_loads(deep_target, tmp_path):
+    head = _head(deep_target)
+    save_head(head, tmp_path / "head")
+    tensors = {("model." + k if k.startswith("midlayer") else k): v for k, v in load_file(tmp_path / "head" / "model.safetensors").items() if k != "t2d"}
+    tensors["embed_tokens.weight"] = deep_target.get_input_embeddings().weight.detach().clone()
+    save_file(tensors, tmp_path / "head" / "model.safetensors")
+    loaded = load_head(tmp_path / "head", deep_target)
+    assert torch.equal(loaded.t2d, head.t2d) and torch.equal(loaded.fc.weight, head.fc.weight)
+
+
+def test_a_head_for_another_target_is_refused(deep_target, tmp_path):
+    save_head(_head(deep_target), tmp_path / "head")
+    with pytest.raises(ValueError, match="vocabulary 16 and width 32"):
+        load_head(tmp_path / "head", tiny_llama(seed=1, vocab=24, dtype=torch.float32))
+
+
+def _drafted_states(head: Eagle3Head, tokens: torch.Tensor, aux: torch.Tensor, base: int, steps: int) -> list[torch.Tensor]:
+    """Reference: what drafting from position ``base`` computes one entry at a time with a growing cache
+    (step 0 entries 0..base from the target's states, then the head's own states)."""
+    layer, config = head.midlayer, head.config
+    keys, values = [], []
+    fused = head.fc(aux)
+    for t in range(base + 1):  # context entries, each attending to those before it
+        cos, sin = rotary(torch.tensor([t]), config.head_dim, config.rope_theta, fused.dtype)
+        q, k, v = layer.self_attn.project(layer.inputs(head.embedding(tokens[t + 1 : t + 2]), fused[t : t + 1]), cos, sin)
+        keys.append(k)
+        values.append(v)
+        out = layer.finish(fused[t : t + 1], layer.self_attn.attend(q, torch.cat(keys, -2), torch.cat(values, -2), None))
+    states = [out]
+    for step in range(1, steps):
+        position = base + step
+        cos, sin = rotary(torch.tensor([position]), config.head_dim, config.rope_theta, fused.dtype)
+        q, k, v = layer.self_attn.project(layer.inputs(head.embedding(tokens[position + 1 : position + 2]), states[-1]), cos, sin)
+        keys.append(k)
+        values.append(v)
+        states.append(layer.finish(states[-1], layer.self_attn.attend(q, torch.cat(keys, -2), torch.cat(values, -2), None)))
+    return states
+
+
+def test_training_time_test_equals_step_by_step_drafting(deep_target):
+    head = _head(deep_target, seed=1).double()
+    torch.manual_seed(5)
+    tokens = torch.randint(0, 16, (1, 14))
+    aux = torch.randn(1, 14, 3 * head.config.hidden_size, dtype=torch.float64)
+    unrolled = head.unrolled(tokens, aux, steps=4)
+    for base in (0, 3, 7):
+        reference = _drafted_states(head, tokens[0], aux[0], base, steps=4)
+        for step in range(4):
+            assert torch.allclose(unrolled[step][0, base], reference[step][0], atol=1e-10), (base, step)
+
+
+def _shards(folder, target, count: int = 24) -> None:
+    folder.mkdir()
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(count):
+        prompt = torch.randint(0, 16, (5,), generator=generator).tolist()
+        with torch.no_grad():
+            response = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 5:].tolist()
+        rows.append({"id": f"p{i}", "lang": ("it", "en")[i % 2], "task": "question", "prompt_ids": prompt, "response": response})
+    (folder / "greedy-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class _Tokenizer:
+    pad_token_id, eos_token_id, all_special_ids = 0, 0, [0]
+
+
+def test_head_training_learns_resumes_and_writes_the_layout(deep_target, tmp_path):
+    _shards(tmp_path / "data", deep_target)
+    config = HeadTrainingConfig(draft_vocab_size=10, steps=30, batch_size=4, max_length=32, learning_rate=3e-3, warmup_steps=2,
+                                ttt_steps=3, checkpoint_every=15, heldout_percent=20, heldout_sequences=8)
+    first = HeadTrainingConfig(**{**config.__dict__, "steps": 15})
+    train_head(deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", first)  # stops at step 15, as a killed run would
+    state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 15
+    measured = train_head(deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", config)
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in log] == [0, 15, 30]  # the untrained head, then each checkpoint
+    assert log[-1]["heldout_loss"] < 0.9 * log[0]["heldout_loss"], [entry["heldout_loss"] for entry in log]
+    assert len(measured["accuracy"]) == 3 and 1.0 <= measured["tau_depth4"] <= 4.0
+    head = load_head(tmp_path / "out", deep_target)
+    assert head.config.draft_vocab_size == 10
