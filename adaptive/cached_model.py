@@ -21,34 +21,49 @@ def cache_keyword(model: PreTrainedModel) -> str:
 
 def output_vocab_size(model: PreTrainedModel) -> int:
     """Number of logits the model produces per position."""
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and hasattr(head, "out_features"):  # nn.Linear, or a reduced-vocabulary SubsetHead
         return int(head.out_features)
     return int(model.config.vocab_size)
 
 
 class CachedModel:
-    """Wraps a transformers causal LM and one DynamicCache for batch-1 incremental decoding."""
+    """Wraps a transformers causal LM and one DynamicCache for batch-1 incremental decoding.
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    With ``taps`` (layer indices, HF ``hidden_states[i]``: the residual stream entering layer i) it also
+    keeps those hidden states of every cached position, concatenated, in :attr:`tapped` ``[length, k·H]``
+    (what a feature-conditioned draft reads), rolled back with the cache."""
+
+    def __init__(self, model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> None:
         self.model = model
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
         self.cache_keyword = cache_keyword(model)
-        self.cache = DynamicCache(config=model.config)
-        self.length = 0
+        self.taps = taps
+        self.reset()
 
     def reset(self) -> None:
         """Drop the whole cache (start a new sequence)."""
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
+        self.tapped = torch.empty(0, 0, dtype=self.dtype, device=self.device)
+
+    def can_draft(self, confirmed: int) -> bool:
+        """A standalone draft can propose after any context."""
+        return True
+
+    def _keep_taps(self, output) -> None:
+        if self.taps:
+            new = torch.cat([output.hidden_states[i][0] for i in self.taps], dim=-1)
+            self.tapped = new if self.tapped.numel() == 0 else torch.cat((self.tapped, new))
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Append ``token_ids`` after the cached prefix; return their logits ``[len(token_ids), V]``."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        output = self.model(input_ids=ids, use_cache=True, **{self.cache_keyword: self.cache})
+        output = self.model(input_ids=ids, use_cache=True, output_hidden_states=bool(self.taps), **{self.cache_keyword: self.cache})
         self.length += len(token_ids)
+        self._keep_taps(output)
         return output.logits[0]
 
     @torch.inference_mode()
@@ -57,8 +72,10 @@ class CachedModel:
         ``[1, 1, n, length + n]`` (draft trees); return their logits ``[n, V]``."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
-        output = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **{self.cache_keyword: self.cache})
+        output = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, output_hidden_states=bool(self.taps),
+                            **{self.cache_keyword: self.cache})
         self.length += len(token_ids)
+        self._keep_taps(output)
         return output.logits[0]
 
     def keep(self, columns: Sequence[int]) -> None:
@@ -72,6 +89,8 @@ class CachedModel:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
+        if self.taps:
+            self.tapped = self.tapped.index_select(0, index)
         self.length = len(columns)
 
     def rollback(self, length: int) -> None:
@@ -81,3 +100,4 @@ class CachedModel:
         if length < self.length:
             self.cache.crop(length - self.length)  # a negative argument removes that many entries
             self.length = length
+            self.tapped = self.tapped[:length]

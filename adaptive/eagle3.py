@@ -204,6 +204,10 @@ class Eagle3Head(nn.Module):
         self.embed_tokens = [embed_tokens]  # a list: borrowed, not a registered (saved, trained) submodule
 
     @property
+    def device(self) -> torch.device:
+        return self.d2t.device
+
+    @property
     def embedding(self) -> nn.Embedding:
         return self.embed_tokens[0]
 

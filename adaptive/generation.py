@@ -22,6 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
+from adaptive.drafts import draft_session, target_taps
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
 
@@ -153,7 +154,8 @@ class Generation(ABC):
         self._begin_round()
 
     def _begin_round(self) -> None:
-        self.max_depth = depth_cap(self.decoder.max_depth, self.output.remaining)
+        ready = self.decoder.draft.can_draft(len(self.tokens))
+        self.max_depth = depth_cap(self.decoder.max_depth, self.output.remaining) if ready else 0
 
     @property
     def done(self) -> bool:
@@ -221,8 +223,8 @@ class Decoder(ABC):
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         if not isinstance(policy, DraftPolicy):
             raise TypeError(f"policy must implement DraftPolicy (should_continue, verify_size, ...), got {policy!r}")
-        self.target = CachedModel(target)
-        self.draft = CachedModel(draft)
+        self.target = CachedModel(target, taps=target_taps(draft))
+        self.draft = draft_session(draft, self.target)
         self.policy = policy
         self.tokenizer = tokenizer
         self.max_depth = max_depth

@@ -49,6 +49,8 @@ class TreeDecoder(Decoder):
         eos_token_id: int | Sequence[int] | None = None,
     ) -> None:
         super().__init__(target, draft, policy, tokenizer=tokenizer, max_depth=max_depth, eos_token_id=eos_token_id)
+        if not hasattr(self.draft, "forward_masked"):
+            raise ValueError(f"tree drafting needs a draft that attends under a tree mask; {type(draft).__name__} drafts chains only")
         self.shape = shape
 
     def _begin(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> TreeGeneration:

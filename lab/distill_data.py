@@ -8,12 +8,11 @@ shard so that batches carry little padding. The target's hidden states are not s
 recomputes them with one teacher-forced forward per sequence, the same multi-token forward that
 verification runs at decoding time.
 
-Run in the background: ``nohup .venv/bin/python -m lab.distill_data --temperature 0 &``.
+Run in the background: ``nohup .venv/bin/adaptive distill-data --temperature 0 &`` (then ``--temperature 0.7``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -24,7 +23,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adaptive.models import cache_root, smollm2_folder
+from adaptive.models import smollm2_folder
 from adaptive.workload import chat_ids
 
 log = logging.getLogger(__name__)
@@ -89,24 +88,3 @@ def generate_shards(prompts: list[dict], folder: Path, *, temperature: float, dt
                 bar.update(len(responses))
         partial.replace(path)
         log.info("%s: %d prompts, %d response tokens, %.0f tok/s", path.name, len(shard), tokens, tokens / (time.perf_counter() - began))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pool", type=Path, default=POOL)
-    parser.add_argument("--out", type=Path, default=cache_root() / "distill-data")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--shard-size", type=int, default=512)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    prompts = [json.loads(line) for line in args.pool.read_text().splitlines()]
-    generate_shards(prompts, args.out, temperature=args.temperature, dtype=getattr(torch, args.dtype), batch_size=args.batch_size,
-                    shard_size=args.shard_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
-
-
-if __name__ == "__main__":
-    main()

@@ -81,3 +81,17 @@ def subset_draft(target):
     from adaptive.draft_model import build_draft
 
     return build_draft(target, num_layers=1, token_ids=torch.tensor(SUBSET))
+
+
+@pytest.fixture(scope="session")
+def eagle_head(target):
+    """A random EAGLE-3 head for the tiny target: its 2 layers' hidden states (0, 1, 2), 9 of 16 tokens."""
+    from adaptive.eagle3 import Eagle3Config, Eagle3Head
+
+    torch.manual_seed(11)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, len(SUBSET), layer_ids=(0, 1, 2)), target.get_input_embeddings())
+    head = head.to(target.dtype).eval()
+    head.set_vocabulary(torch.tensor(SUBSET))
+    with torch.no_grad():
+        head.lm_head.weight.mul_(8.0)  # peaked, model-like proposals
+    return head

@@ -35,11 +35,11 @@ def exact_two_token_distribution(target, prompt: list[int], sampling: SamplingCo
     return first[:, None] * second
 
 
-def empirical_two_token_counts(decoder: SpeculativeDecoder, n: int) -> torch.Tensor:
+def empirical_two_token_counts(decoder: SpeculativeDecoder, n: int, prompt: list[int] = PROMPT) -> torch.Tensor:
     vocab = decoder.target.model.config.vocab_size
     counts = torch.zeros(vocab, vocab, dtype=torch.float64)
     for seed in range(n):
-        first, second = decoder.generate(PROMPT, max_new_tokens=2, seed=seed).token_ids
+        first, second = decoder.generate(prompt, max_new_tokens=2, seed=seed).token_ids
         counts[first, second] += 1
     return counts
 
@@ -74,6 +74,8 @@ CASES = {
         lambda: HeuristicSchedule(2),
     ),
 }
+HEAD_PROMPT = [3, 11]
+"""The head needs the target's state at the position before the last prompt token: two prompt tokens."""
 
 
 @pytest.mark.slow
@@ -88,6 +90,21 @@ def test_speculative_samples_follow_target_distribution(case, target, request):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
+def test_an_eagle3_head_keeps_the_target_distribution_and_naive_resampling_does_not(eagle_head, target, correction):
+    """A random EAGLE-3 head (reduced vocabulary, the target's hidden states as input), T = 1, static:2:
+    exact with the residual rule; the naive rule, same head and decoder, is detected."""
+    sampling = SamplingConfig(1.0)
+    decoder = SpeculativeDecoder(target, eagle_head, StaticDepth(2), sampling, correction=correction)
+    exact = exact_two_token_distribution(target, HEAD_PROMPT, sampling)
+    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, HEAD_PROMPT), exact)
+    if correction is residual_correction:
+        assert max_z < 5.0 and chi2_z < 5.0, (max_z, chi2_z)
+    else:
+        assert max_z > 5.0 and chi2_z > 5.0, "the naive rule should be detected as biased"
+
+
 def test_naive_resampling_fails_the_same_test(target, far_draft):
     sampling = SamplingConfig(1.0)
     decoder = SpeculativeDecoder(target, far_draft, StaticDepth(1), sampling, correction=naive_correction)

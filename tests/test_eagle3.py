@@ -10,8 +10,10 @@ import torch
 from conftest import tiny_llama
 from safetensors.torch import load_file, save_file
 
+from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, rotary, save_head
 from lab.distill_eagle3 import HeadTrainingConfig, train_head
+from policies import make_policy
 
 VOCAB_IDS = torch.tensor([0, 1, 2, 3, 5, 8, 9, 12, 13, 15])
 
@@ -126,3 +128,42 @@ def test_head_training_learns_resumes_and_writes_the_layout(deep_target, tmp_pat
     assert len(measured["accuracy"]) == 3 and 1.0 <= measured["tau_depth4"] <= 4.0
     head = load_head(tmp_path / "out", deep_target)
     assert head.config.draft_vocab_size == 10
+
+
+@pytest.mark.parametrize("spec", ["static:1", "static:4", "heuristic:2", "confidence:0.3"])
+def test_greedy_decoding_with_a_head_is_identical_to_plain_greedy(eagle_head, target, spec):
+    decoder = SpeculativeDecoder(target, eagle_head, make_policy(spec))
+    for prompt in ([1, 5, 2, 9, 4, 4, 7], [3], [6, 6]):
+        result = decoder.generate(prompt, max_new_tokens=30)
+        assert result.token_ids == generate_plain(target, prompt, 30).token_ids
+        assert any(r.drafted for r in result.rounds)
+
+
+def test_a_head_drafts_from_the_targets_states_and_rolls_its_own_back(eagle_head, target):
+    """After every round the head holds only entries made from the target's states, one per verified
+    position, and the target keeps exactly those positions' hidden states."""
+    decoder = SpeculativeDecoder(target, eagle_head, make_policy("static:3"))
+    generation = decoder.start([1, 5, 2, 9, 4], 20)
+    assert generation.max_depth > 0 and decoder.draft.length == 4
+    while not generation.done:
+        while generation.depth < min(3, generation.max_depth):
+            generation.draft_step()
+        generation.verify(generation.depth)
+        head, cached = decoder.draft, decoder.target
+        assert cached.tapped.shape == (cached.length, 3 * target.config.hidden_size)
+        assert head.first_own is None and len(head.states) == head.length - 1 <= cached.length
+    assert decoder.start([4], 8).max_depth == 0  # one prompt token: no target state yet, nothing to draft from
+
+
+def test_a_trained_heads_first_step_agrees_with_its_training_time_test(eagle_head, target):
+    """The session's first draft logits at the end of a context are the unrolled step-0 logits there."""
+    tokens = [1, 5, 2, 9, 4, 4, 7]
+    decoder = SpeculativeDecoder(target, eagle_head, make_policy("static:1"))
+    generation = decoder.start(tokens, 4)
+    generation.draft_step()
+    with torch.no_grad():
+        hidden = target.model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
+        aux = torch.cat([hidden[i] for i in eagle_head.config.layer_ids], dim=-1)
+        states = eagle_head.unrolled(torch.tensor([tokens]), aux, steps=1)[0]
+    expected = eagle_head.target_logits(states[0, len(tokens) - 2]).argmax()
+    assert generation.steps()[0].token == int(expected)

@@ -17,6 +17,8 @@ from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from lab.cli.common import add_pair_arguments, pair_from_arguments, pair_name
 from lab.distill import DistillConfig, distill
+from lab.distill_data import POOL, generate_shards
+from lab.distill_eagle3 import HeadTrainingConfig, train_head
 from lab.recording import TRACES, record_chains, record_tree_traces, select_prompts
 from lab.report import format_table
 
@@ -81,9 +83,25 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_distill(args: argparse.Namespace) -> int:
-    """Distil a draft for the default target on the workload corpus (long: run it in the background)."""
+def cmd_distill_data(args: argparse.Namespace) -> int:
+    """The target's own responses to the draft-training prompt pool, in resumable shards (hours: background)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    prompts = [json.loads(line) for line in Path(args.pool).read_text().splitlines()]
+    generate_shards(prompts, Path(args.out), temperature=args.temperature, dtype=getattr(torch, args.dtype), batch_size=args.batch_size,
+                    shard_size=args.shard_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    """Distil a draft for the default target (long: run it in the background): a standalone model on the
+    workload corpus, or an EAGLE-3 head on the self-distillation shards."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.kind == "eagle3":
+        target, tokenizer = load_target("smollm2-135m", args.target_dtype)
+        config = HeadTrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                                    ttt_steps=args.ttt_steps, seed=args.seed)
+        print(json.dumps(train_head(target, tokenizer, Path(args.data), Path(args.out), config), indent=1))
+        return 0
     corpus = Path(args.corpus or cache_root() / "corpus.jsonl")
     if not corpus.is_file():
         raise ValueError(f"corpus {corpus} is missing; build it with `python scripts/build_workload.py`")
@@ -130,8 +148,23 @@ def register(commands) -> None:
     rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree)")
     rec.set_defaults(func=cmd_record)
 
-    dist = commands.add_parser("distill", help="distil a draft from the default target on the workload corpus")
-    dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log")
+    data = commands.add_parser("distill-data", help="generate the target's responses to the draft-training prompts (sharded, resumable)")
+    data.add_argument("--pool", default=str(POOL), help="draft-training prompts (scripts/build_draft_pool.py)")
+    data.add_argument("--out", default=str(cache_root() / "distill-data"), help="shard folder (rerun to continue)")
+    data.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the head trains on both greedy and T = 0.7 shards")
+    data.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    data.add_argument("--batch-size", type=int, default=64)
+    data.add_argument("--shard-size", type=int, default=512)
+    data.add_argument("--max-new-tokens", type=int, default=128)
+    data.add_argument("--seed", type=int, default=0)
+    data.set_defaults(func=cmd_distill_data)
+
+    dist = commands.add_parser("distill", help="distil a draft from the default target: a standalone model or an EAGLE-3 head")
+    dist.add_argument("--kind", choices=["standalone", "eagle3"], default="standalone", help="standalone 2-layer model (default) or EAGLE-3 head")
+    dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log (rerun to continue an eagle3 run)")
+    dist.add_argument("--data", default=str(cache_root() / "distill-data"), help="eagle3: response shards (adaptive distill-data)")
+    dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
+    dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="eagle3: dtype of the target's forward")
     dist.add_argument("--corpus", help="corpus JSONL (default: the one scripts/build_workload.py wrote)")
     dist.add_argument("--layers", type=int, default=2)
     dist.add_argument("--vocab", type=int, default=8192, help="size of the draft's output token subset")

@@ -1,0 +1,109 @@
+"""Drafts of every kind behind one interface, chosen in one place.
+
+A decoder drives its draft through a cached session with the same surface as :class:`CachedModel`:
+``length`` (tokens consumed), ``forward(token_ids)`` (logits over the target's vocabulary for each fed
+token's next token), ``rollback(length)``, ``reset()``, and ``can_draft(confirmed)`` (whether the draft can
+propose after that many confirmed tokens). :func:`draft_session` picks the session for a draft:
+
+* a transformers causal LM (the standalone draft): :class:`CachedModel` itself;
+* an :class:`~adaptive.eagle3.Eagle3Head`: :class:`HeadSession`, which reads the target's hidden states
+  from the target's session (:func:`target_taps` tells the target which layers to keep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from adaptive.cached_model import CachedModel
+from adaptive.eagle3 import Eagle3Head, rotary
+
+
+def target_taps(draft: nn.Module) -> tuple[int, ...] | None:
+    """Target layers whose incoming hidden states the draft reads (None: it reads none)."""
+    return tuple(draft.config.layer_ids) if isinstance(draft, Eagle3Head) else None
+
+
+def draft_session(draft: nn.Module, target: CachedModel) -> CachedModel | HeadSession:
+    """The cached session a decoder drives ``draft`` through."""
+    return HeadSession(draft, target) if isinstance(draft, Eagle3Head) else CachedModel(draft)
+
+
+class HeadSession:
+    """An EAGLE-3 head decoding one sequence, with its own KV cache.
+
+    Feeding token x_p (p >= 1) adds the head's entry for position p - 1: token x_p with the target's state
+    at p - 1 when the target has processed that position (the context), else the head's own output state
+    of entry p - 2 (a drafted continuation). Rolling back drops every entry made from the head's own
+    states, so that the next round remakes them from the target's states once it has verified them."""
+
+    def __init__(self, head: Eagle3Head, target: CachedModel) -> None:
+        if target.taps != tuple(head.config.layer_ids):
+            raise ValueError(f"the target session keeps layers {target.taps}; this head reads {head.config.layer_ids}")
+        self.model = head
+        self.target = target
+        self.device = head.d2t.device
+        self.dtype = head.fc.weight.dtype
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[int] = []
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.states: list[torch.Tensor] = []
+        self.first_own: int | None = None
+        """Index of the first entry made from the head's own state (entries before it read the target)."""
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def can_draft(self, confirmed: int) -> bool:
+        """The head needs the target's state at position confirmed - 2 (so two confirmed tokens at least)."""
+        return confirmed >= 2
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed tokens; logits ``[n, V]`` over the target vocabulary for each one's entry (a token at
+        position 0 makes no entry: its row is -inf)."""
+        head = self.model
+        rows = []
+        for token in token_ids:
+            position = len(self.tokens)
+            self.tokens.append(int(token))
+            if position == 0:
+                rows.append(torch.full((head.config.vocab_size,), float("-inf"), dtype=self.dtype, device=self.device))
+                continue
+            entry = position - 1
+            if entry < self.target.length:
+                state = head.fc(self.target.tapped[entry : entry + 1].to(self.dtype))
+            else:
+                state = self.states[-1]
+                self.first_own = entry if self.first_own is None else self.first_own
+            rows.append(head.target_logits(self._entry(token, state, entry))[0])
+        return torch.stack(rows)
+
+    def _entry(self, token: int, state: torch.Tensor, entry: int) -> torch.Tensor:
+        """One entry through the layer, attending to every cached entry and itself; returns its output state."""
+        head, layer, config = self.model, self.model.midlayer, self.model.config
+        cos, sin = rotary(torch.tensor([entry], device=self.device), config.head_dim, config.rope_theta, self.dtype)
+        embeds = head.embedding(torch.tensor([token], device=self.device))
+        q, k, v = layer.self_attn.project(layer.inputs(embeds, state), cos, sin)
+        self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
+        self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
+        out = layer.finish(state, layer.self_attn.attend(q, self.keys, self.values, None))
+        self.states.append(out)
+        return out
+
+    def rollback(self, length: int) -> None:
+        """Keep at most the first ``length`` tokens, and no entry made from the head's own states."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to length {length}: the head holds {self.length} tokens")
+        entries = max(0, length - 1) if self.first_own is None else min(max(0, length - 1), self.first_own)
+        self.states = self.states[:entries]
+        if self.keys is not None:
+            self.keys, self.values = self.keys[..., :entries, :], self.values[..., :entries, :]
+        self.tokens = self.tokens[: min(length, entries + 1)]
+        self.first_own = None
