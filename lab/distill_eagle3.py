@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
+from adaptive.precision import bf16_matmuls
 
 log = logging.getLogger(__name__)
 
@@ -89,16 +90,16 @@ def held_out(sequence_id: str, percent: int) -> bool:
 
 
 def draft_vocabulary(sequences: list[Sequence], size: int, always: list[int]) -> torch.Tensor:
-    """The ``size`` most frequent response tokens (and ``always``), sorted: the head's draft vocabulary."""
-    counts = Counter(token for s in sequences for token in s.response)
-    chosen = list(dict.fromkeys(always))
-    for token, _ in counts.most_common():
-        if len(chosen) >= size:
-            break
-        if token not in chosen:
-            chosen.append(token)
+    """The head's draft vocabulary, sorted: ``always``, then the most frequent response tokens, then (when
+    the responses hold fewer distinct tokens) the most frequent prompt tokens, which responses often copy."""
+    chosen = dict.fromkeys(always)
+    for counts in (Counter(t for s in sequences for t in s.response), Counter(t for s in sequences for t in s.prompt)):
+        for token, _ in counts.most_common():
+            if len(chosen) >= size:
+                break
+            chosen.setdefault(token)
     if len(chosen) < size:
-        raise ValueError(f"the responses hold only {len(chosen)} distinct tokens, fewer than draft_vocab_size={size}")
+        raise ValueError(f"the data holds only {len(chosen)} distinct tokens, fewer than draft_vocab_size={size}")
     return torch.tensor(sorted(chosen))
 
 
@@ -134,16 +135,19 @@ def target_features(
 def unrolled_loss(head: Eagle3Head, tokens, aux, target_log, mask, ttt_steps: int, decay: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Σ_k decay^k · soft cross-entropy at step k (base t learns the target's distribution at t + k + 1),
     averaged over response positions; also each step's arg-max draft ids ``[B, T]``."""
-    outputs = head.unrolled(tokens, aux, ttt_steps)
-    total, predictions = 0.0, []
-    for step, states in enumerate(outputs):
-        logits = head.draft_logits(states).float()
-        shift = step + 1
-        teacher = torch.nn.functional.pad(target_log[:, shift:], (0, 0, 0, shift), value=0.0)
-        valid = torch.nn.functional.pad(mask[:, shift:], (0, shift), value=False)
-        ce = -(teacher.exp() * torch.log_softmax(logits, dim=-1)).sum(-1)
-        total = total + decay**step * (ce * valid).sum() / valid.sum().clamp(min=1)
-        predictions.append(logits.argmax(-1))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=aux.device.type == "cpu" and bf16_matmuls()):
+        outputs = head.unrolled(tokens, aux, ttt_steps)
+        total, predictions = 0.0, []
+        for step, states in enumerate(outputs):
+            shift = step + 1
+            valid = torch.nn.functional.pad(mask[:, shift:], (0, shift), value=False)
+            logits = head.draft_logits(states[valid]).float()  # the output layer only where a loss is taken
+            teacher = target_log[:, shift:][valid[:, : valid.shape[1] - shift]]
+            ce = -(teacher.exp() * torch.log_softmax(logits, dim=-1)).sum(-1)
+            total = total + decay**step * ce.sum() / max(1, int(valid.sum()))
+            predicted = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
+            predicted[valid] = logits.argmax(-1)
+            predictions.append(predicted)
     return total, predictions
 
 
@@ -179,6 +183,20 @@ def heldout_accuracy(head: Eagle3Head, target, sequences: list[Sequence], config
     per_lang = {lang: [h / max(1, n) for h, n in steps] for lang, steps in hits.items()}
     overall = [sum(hits[lang][k][0] for lang in hits) / max(1, sum(hits[lang][k][1] for lang in hits)) for k in range(config.ttt_steps)]
     return {"heldout_loss": sum(losses) / max(1, len(losses)), "accuracy": overall, "per_language": per_lang, "tau_depth4": 1 + accepted / max(1, bases)}
+
+
+def _epoch(train_set: list[Sequence], rng: random.Random, batch_size: int, pool: int = 64) -> list[int]:
+    """One pass over the data in random order, sequences of similar length batched together (little padding):
+    shuffle, sort each run of ``pool`` batches by length, then shuffle the batches."""
+    order = list(range(len(train_set)))
+    rng.shuffle(order)
+    chunk = pool * batch_size
+    batches = []
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start : start + chunk], key=lambda i: len(train_set[i].prompt) + len(train_set[i].response))
+        batches += [part[b : b + batch_size] for b in range(0, len(part), batch_size)]
+    rng.shuffle(batches)
+    return [i for batch in batches for i in batch]
 
 
 def _schedule(step: int, config: HeadTrainingConfig) -> float:
@@ -217,9 +235,7 @@ def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingCon
     rng = random.Random(config.seed)
     order: list[int] = []
     for _ in range(state["step"] * config.batch_size // max(1, len(train_set)) + 1):  # replay the data order up to here
-        epoch = list(range(len(train_set)))
-        rng.shuffle(epoch)
-        order += epoch
+        order += _epoch(train_set, rng, config.batch_size)
     cursor = state["step"] * config.batch_size
     measured: dict = {}
     if state["step"] == 0:  # the untrained head, for comparison
@@ -227,9 +243,7 @@ def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingCon
     with tqdm(total=config.steps, initial=state["step"], desc="eagle3 head", unit="step") as bar:
         while state["step"] < config.steps:
             while cursor + config.batch_size > len(order):
-                epoch = list(range(len(train_set)))
-                rng.shuffle(epoch)
-                order += epoch
+                order += _epoch(train_set, rng, config.batch_size)
             batch = [train_set[i] for i in order[cursor : cursor + config.batch_size]]
             cursor += config.batch_size
             tokens, attention, mask = batch_tensors(batch, config.max_length, pad)
