@@ -5,14 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from adaptive.cached_model import output_vocab_size
 from adaptive.draft_model import WEIGHTS, load_draft
 from adaptive.models import smollm2_folder
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from adaptive.precision import DTYPES, resolve_dtype
 
 
 def check_compatible(target: PreTrainedModel, draft: PreTrainedModel, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -80,8 +78,7 @@ def load_target(name: str, dtype: str = "float32", device: str = "cpu") -> tuple
 
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    dtype = resolve_dtype(dtype, str(device))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     return model.to(device).eval()
 

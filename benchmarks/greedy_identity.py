@@ -5,6 +5,8 @@ depth, same number of new tokens. Prints per language how many outputs are token
 acceptance rate (accepted / verified drafted tokens) and tokens per round; writes JSON.
 
 Run: .venv/bin/python benchmarks/greedy_identity.py [--split test] [--new-tokens 64] [--policy static:4]
+     [--head DIR] [--dtype float32|bfloat16|auto] [--per-language N]
+(--head: an EAGLE-3 head folder drafts instead of the pair's standalone draft.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from adaptive import SpeculativeDecoder, generate_plain, load_pair
-from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from adaptive.eagle3 import load_head
+from adaptive.workload import LANGUAGES, chat_ids, first_per_language, load_prompts
 from lab.report import format_table
 from policies import make_policy
 
@@ -28,12 +31,19 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--policy", default="static:4")
+    parser.add_argument("--head", help="an EAGLE-3 head folder to draft with instead of the pair's draft")
+    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or auto")
+    parser.add_argument("--per-language", type=int, help="only the first N prompts of each language")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/greedy_identity.json"))
     args = parser.parse_args()
-    pair = load_pair(args.pair)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy), tokenizer=pair.tokenizer)
+    pair = load_pair(args.pair, args.dtype)
+    draft = load_head(args.head, pair.target) if args.head else pair.draft
+    decoder = SpeculativeDecoder(pair.target, draft, make_policy(args.policy), tokenizer=pair.tokenizer)
+    prompts = load_prompts(args.split)
+    if args.per_language:
+        prompts = [prompts[k] for k in first_per_language([p["lang"] for p in prompts], args.per_language)]
     rows = []
-    for prompt in tqdm(load_prompts(args.split), desc="prompts"):
+    for prompt in tqdm(prompts, desc="prompts"):
         ids = chat_ids(pair.tokenizer, prompt["prompt"])
         plain = generate_plain(pair.target, ids, args.new_tokens)
         result = decoder.generate(ids, args.new_tokens)
@@ -55,7 +65,8 @@ def main() -> None:
          f"{t['tokens'] / t['rounds']:.2f}", f"{t['plain_seconds'] / t['speculative_seconds']:.2f}x"]
         for lang, t in ((lang, totals[lang]) for lang in (*LANGUAGES, "all"))
     ]
-    print(f"pair {args.pair}, {args.split} split, greedy, {args.new_tokens} new tokens, policy {args.policy}")
+    drafted_by = f"EAGLE-3 head {args.head}" if args.head else "the pair's draft"
+    print(f"pair {args.pair} ({args.dtype}), draft: {drafted_by}, {args.split} split, greedy, {args.new_tokens} new tokens, policy {args.policy}")
     print("alpha = accepted / (accepted + rejections): the per-token acceptance estimate under a geometric model")
     print(format_table(["lang", "prompts", "identical to plain", "alpha", "tokens/round", "speedup"], table))
     args.out.parent.mkdir(parents=True, exist_ok=True)

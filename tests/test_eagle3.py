@@ -167,3 +167,4 @@ def test_a_trained_heads_first_step_agrees_with_its_training_time_test(eagle_hea
         states = eagle_head.unrolled(torch.tensor([tokens]), aux, steps=1)[0]
     expected = eagle_head.target_logits(states[0, len(tokens) - 2]).argmax()
     assert generation.steps()[0].token == int(expected)
+

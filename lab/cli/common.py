@@ -22,7 +22,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", help=f"a named pair: {', '.join(PAIRS)}")
     parser.add_argument("--target", help="folder (or hub id) of the target model, instead of --pair")
     parser.add_argument("--draft", help="folder of the draft model (same tokenizer), instead of --pair")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="model precision (default float32, which the shipped traces and profiles were measured at; "
+                             "auto: bfloat16 where this machine multiplies bf16 natively, else float32)")
     parser.add_argument("--device", default="cpu")
 
 
