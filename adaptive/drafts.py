@@ -52,7 +52,8 @@ class HeadSession:
         self.tokens: list[int] = []
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
-        self.states: list[torch.Tensor] = []
+        self.states = torch.empty(0, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
+        """Pre-norm output state of every entry."""
         self.first_own: int | None = None
         """Index of the first entry made from the head's own state (entries before it read the target)."""
 
@@ -67,34 +68,39 @@ class HeadSession:
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Feed tokens; logits ``[n, V]`` over the target vocabulary for each one's entry (a token at
-        position 0 makes no entry: its row is -inf)."""
-        head = self.model
+        position 0 makes no entry: its row is -inf). Entries read from the target go through the layer in
+        one batch; each one made from the head's own state needs the one before it, so it goes alone."""
+        head, token_ids = self.model, [int(t) for t in token_ids]
         rows = []
-        for token in token_ids:
-            position = len(self.tokens)
-            self.tokens.append(int(token))
-            if position == 0:
-                rows.append(torch.full((head.config.vocab_size,), float("-inf"), dtype=self.dtype, device=self.device))
-                continue
-            entry = position - 1
-            if entry < self.target.length:
-                state = head.fc(self.target.tapped[entry : entry + 1].to(self.dtype))
-            else:
-                state = self.states[-1]
-                self.first_own = entry if self.first_own is None else self.first_own
-            rows.append(head.target_logits(self._entry(token, state, entry))[0])
-        return torch.stack(rows)
+        if token_ids and not self.tokens:
+            self.tokens.append(token_ids.pop(0))
+            rows.append(torch.full((1, head.config.vocab_size), float("-inf"), dtype=self.dtype, device=self.device))
+        from_target = max(0, min(len(token_ids), self.target.length - (len(self.tokens) - 1)))
+        if from_target:
+            first = len(self.tokens) - 1
+            fused = head.fc(self.target.tapped[first : first + from_target].to(self.dtype))
+            rows.append(head.target_logits(self._entries(token_ids[:from_target], fused)))
+            self.tokens += token_ids[:from_target]
+        for token in token_ids[from_target:]:
+            self.first_own = len(self.states) if self.first_own is None else self.first_own
+            rows.append(head.target_logits(self._entries([token], self.states[-1:])))
+            self.tokens.append(token)
+        return torch.cat(rows)
 
-    def _entry(self, token: int, state: torch.Tensor, entry: int) -> torch.Tensor:
-        """One entry through the layer, attending to every cached entry and itself; returns its output state."""
+    def _entries(self, tokens: list[int], inputs: torch.Tensor) -> torch.Tensor:
+        """New entries (tokens with their input states ``[n, H]``) through the layer, each attending to every
+        cached entry, the new ones before it and itself; returns and keeps their output states."""
         head, layer, config = self.model, self.model.midlayer, self.model.config
-        cos, sin = rotary(torch.tensor([entry], device=self.device), config.head_dim, config.rope_theta, self.dtype)
-        embeds = head.embedding(torch.tensor([token], device=self.device))
-        q, k, v = layer.self_attn.project(layer.inputs(embeds, state), cos, sin)
+        first, n = len(self.states), len(tokens)
+        positions = torch.arange(first, first + n, device=self.device)
+        cos, sin = rotary(positions, config.head_dim, config.rope_theta, self.dtype)
+        embeds = head.embedding(torch.tensor(tokens, device=self.device))
+        q, k, v = layer.self_attn.project(layer.inputs(embeds, inputs), cos, sin)
         self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
         self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
-        out = layer.finish(state, layer.self_attn.attend(q, self.keys, self.values, None))
-        self.states.append(out)
+        mask = torch.arange(first + n, device=self.device)[None, :] <= positions[:, None]
+        out = layer.finish(inputs, layer.self_attn.attend(q, self.keys, self.values, mask))
+        self.states = torch.cat((self.states, out))
         return out
 
     def rollback(self, length: int) -> None:
