@@ -29,6 +29,8 @@ from adaptive.workload import chat_ids
 log = logging.getLogger(__name__)
 
 POOL = Path(__file__).resolve().parents[1] / "data" / "workload" / "draft-prompts.jsonl"
+SHARDS = Path(__file__).resolve().parents[1] / "data" / "distill" / "smollm2-135m"
+"""Committed shards (token ids only, ~0.55 MB per 512 prompts): hours of generation survive any one machine."""
 
 
 def shard_prefix(temperature: float) -> str:

@@ -17,7 +17,7 @@ from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from lab.cli.common import add_pair_arguments, pair_from_arguments, pair_name
 from lab.distill import DistillConfig, distill
-from lab.distill_data import POOL, generate_shards
+from lab.distill_data import POOL, SHARDS, generate_shards
 from lab.distill_eagle3 import HeadTrainingConfig, train_head
 from lab.recording import TRACES, record_chains, record_tree_traces, select_prompts
 from lab.report import format_table
@@ -150,7 +150,7 @@ def register(commands) -> None:
 
     data = commands.add_parser("distill-data", help="generate the target's responses to the draft-training prompts (sharded, resumable)")
     data.add_argument("--pool", default=str(POOL), help="draft-training prompts (scripts/build_draft_pool.py)")
-    data.add_argument("--out", default=str(cache_root() / "distill-data"), help="shard folder (rerun to continue)")
+    data.add_argument("--out", default=str(SHARDS), help="shard folder (rerun to continue; default: the committed shards)")
     data.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the head trains on both greedy and T = 0.7 shards")
     data.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     data.add_argument("--batch-size", type=int, default=64)
@@ -162,7 +162,7 @@ def register(commands) -> None:
     dist = commands.add_parser("distill", help="distil a draft from the default target: a standalone model or an EAGLE-3 head")
     dist.add_argument("--kind", choices=["standalone", "eagle3"], default="standalone", help="standalone 2-layer model (default) or EAGLE-3 head")
     dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log (rerun to continue an eagle3 run)")
-    dist.add_argument("--data", default=str(cache_root() / "distill-data"), help="eagle3: response shards (adaptive distill-data)")
+    dist.add_argument("--data", default=str(SHARDS), help="eagle3: response shards (adaptive distill-data)")
     dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
     dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="eagle3: dtype of the target's forward")
     dist.add_argument("--corpus", help="corpus JSONL (default: the one scripts/build_workload.py wrote)")
