@@ -24,7 +24,6 @@ import argparse
 import json
 import random
 import re
-import subprocess
 import sys
 from collections import Counter
 from html.parser import HTMLParser
@@ -179,18 +178,6 @@ def build_pool(workload: list[dict], extra, base, tokenizer, seed: int = 2026113
     return pool
 
 
-def fetch_extra(debs: Path) -> Path:
-    debs.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in PACKAGES if not list(debs.glob(f"{p}_*.deb"))]
-    if missing:
-        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True)
-    root = debs / "unpacked"
-    if not root.exists():
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
-    return root
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debs", type=Path, default=cache_root() / "debs", help="the workload's .deb files")
@@ -202,7 +189,7 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
     workload = [json.loads(line) for line in args.workload.read_text().splitlines()]
-    pool = build_pool(workload, html_passages(fetch_extra(args.extra_debs)), collect_sources(fetch(args.debs)), tokenizer)
+    pool = build_pool(workload, html_passages(fetch(args.extra_debs, PACKAGES)), collect_sources(fetch(args.debs)), tokenizer)
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pool))
     counts = Counter((p["lang"], p["task"]) for p in pool)
     for lang in LANGUAGES:

@@ -81,10 +81,10 @@ def split_of(text: str) -> str:
     return next(name for name, limit in SPLIT_THRESHOLDS if bucket < limit)
 
 
-def fetch(debs: Path) -> Path:
-    """Download (if missing) and unpack the source packages; return the unpacked root."""
+def fetch(debs: Path, packages: list[str] = PACKAGES) -> Path:
+    """Download (if missing) and unpack ``packages`` into ``debs``; return the unpacked root."""
     debs.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in PACKAGES if not list(debs.glob(f"{p}_*.deb"))]
+    missing = [p for p in packages if not list(debs.glob(f"{p}_*.deb"))]
     if missing:
         subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True)
     root = debs / "unpacked"
