@@ -3,7 +3,8 @@
 A decoder drives its draft through a cached session with the same surface as :class:`CachedModel`:
 ``length`` (tokens consumed), ``forward(token_ids)`` (logits over the target's vocabulary for each fed
 token's next token), ``rollback(length)``, ``reset()``, and ``can_draft(confirmed)`` (whether the draft can
-propose after that many confirmed tokens). :func:`draft_session` picks the session for a draft:
+propose after that many confirmed tokens); for trees and batched rollouts also ``forward_masked(token_ids,
+positions, mask)`` and ``keep(columns)``. :func:`draft_session` picks the session for a draft:
 
 * a transformers causal LM (the standalone draft): :class:`CachedModel` itself;
 * an :class:`~adaptive.eagle3.Eagle3Head`: :class:`HeadSession`, which reads the target's hidden states
@@ -29,6 +30,20 @@ def target_taps(draft: nn.Module) -> tuple[int, ...] | None:
 def draft_session(draft: nn.Module, target: CachedModel) -> CachedModel | HeadSession:
     """The cached session a decoder drives ``draft`` through."""
     return HeadSession(draft, target) if isinstance(draft, Eagle3Head) else CachedModel(draft)
+
+
+def teacher_forced(target: nn.Module, draft: nn.Module, sequence: list[int]) -> tuple[CachedModel | HeadSession, torch.Tensor]:
+    """A new session of ``draft`` that has read all of ``sequence``, and its logits ``[len, V]`` (row i: the
+    draft's next-token logits after token i). A head reads the target's states of one teacher-forced target
+    forward over the sequence; its row 0 is -inf (the first token makes no entry)."""
+    taps = target_taps(draft)
+    if taps and len(sequence) < 3:
+        raise ValueError(f"a draft head reads the target's state before each token; give it 3 tokens or more, not {len(sequence)}")
+    reading = CachedModel(target, taps=taps)
+    if taps:
+        reading.forward(sequence)
+    session = draft_session(draft, reading)
+    return session, session.forward(sequence)
 
 
 class HeadSession:
@@ -87,18 +102,49 @@ class HeadSession:
             self.tokens.append(token)
         return torch.cat(rows)
 
-    def _entries(self, tokens: list[int], inputs: torch.Tensor) -> torch.Tensor:
-        """New entries (tokens with their input states ``[n, H]``) through the layer, each attending to every
-        cached entry, the new ones before it and itself; returns and keeps their output states."""
+    @torch.inference_mode()
+    def forward_masked(self, token_ids: Sequence[int], positions: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
+        """Feed drafted tokens (tree nodes) at the given position ids under an additive attention ``mask``
+        ``[1, 1, n, length + n]`` over token slots, as :meth:`CachedModel.forward_masked` takes it; logits
+        ``[n, V]``. Each token's entry reads the output state of the entry of the slot it attends to last
+        before itself (its parent), all in one batch."""
+        if not self.tokens:
+            raise ValueError("a masked forward needs a context in the head's cache")
+        allowed = mask[0, 0] > torch.finfo(mask.dtype).min / 2
+        n, length = len(token_ids), len(self.tokens)
+        before_self = allowed[:, : length + n].clone()
+        before_self[torch.arange(n), length + torch.arange(n)] = False
+        parents = (before_self * torch.arange(length + n, device=allowed.device)).amax(dim=1)  # last slot each token sees
+        if bool((parents >= length).any()) or bool((parents < 1).any()):
+            raise ValueError("each token fed in one masked forward must attend to a cached token past the first, and not to the others fed with it")
+        self.first_own = len(self.states) if self.first_own is None else self.first_own
+        positions = torch.tensor(list(positions), device=self.device) - 1  # an entry sits one position before its token
+        out = self._entries([int(t) for t in token_ids], self.states[parents - 1], positions, allowed[:, 1:])
+        self.tokens += [int(t) for t in token_ids]
+        return self.model.target_logits(out)
+
+    def keep(self, columns: Sequence[int]) -> None:
+        """Keep the leading run of ``columns`` that is the cache's own prefix, and no entry made from the
+        head's own states (a tree's accepted path is remade from the target's states next round)."""
+        prefix = 0
+        while prefix < len(columns) and columns[prefix] == prefix:
+            prefix += 1
+        self.rollback(min(prefix, self.length))
+
+    def _entries(self, tokens: list[int], inputs: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """New entries (tokens with their input states ``[n, H]``) through the layer; returns and keeps their
+        output states. By default entry i sits at position (entry index) i and attends to every cached entry,
+        the new ones before it and itself; ``positions`` and a boolean ``mask`` ``[n, entries + n]`` say otherwise."""
         head, layer, config = self.model, self.model.midlayer, self.model.config
         first, n = len(self.states), len(tokens)
-        positions = torch.arange(first, first + n, device=self.device)
+        if positions is None:
+            positions = torch.arange(first, first + n, device=self.device)
+            mask = torch.arange(first + n, device=self.device)[None, :] <= positions[:, None]
         cos, sin = rotary(positions, config.head_dim, config.rope_theta, self.dtype)
         embeds = head.embedding(torch.tensor(tokens, device=self.device))
         q, k, v = layer.self_attn.project(layer.inputs(embeds, inputs), cos, sin)
         self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
         self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
-        mask = torch.arange(first + n, device=self.device)[None, :] <= positions[:, None]
         out = layer.finish(inputs, layer.self_attn.attend(q, self.keys, self.values, mask))
         self.states = torch.cat((self.states, out))
         return out

@@ -277,6 +277,12 @@ def save_head(head: Eagle3Head, folder: str | Path, metadata: dict | None = None
     save_file(tensors, folder / WEIGHTS, metadata={k: str(v) for k, v in (metadata or {}).items()})
 
 
+def is_head_folder(folder: str | Path) -> bool:
+    """True when ``folder`` holds a head in the EAGLE-3 layout (its config names the target layers it reads)."""
+    config = Path(folder) / CONFIG
+    return config.is_file() and (Path(folder) / WEIGHTS).is_file() and "eagle_config" in json.loads(config.read_text())
+
+
 def load_head(folder: str | Path, target: nn.Module, dtype: torch.dtype | None = None) -> Eagle3Head:
     """Load a head saved in the public EAGLE-3 layout for ``target`` (a transformers causal LM whose input
     embedding it borrows). Unpickles nothing. Checks that the head fits the target."""

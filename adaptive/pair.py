@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from adaptive.cached_model import output_vocab_size
 from adaptive.draft_model import WEIGHTS, load_draft
+from adaptive.eagle3 import is_head_folder, load_head
 from adaptive.models import smollm2_folder
 from adaptive.precision import DTYPES, resolve_dtype
 
@@ -42,7 +44,8 @@ class ModelPair:
     """A loaded target, draft and their shared tokenizer."""
 
     target: PreTrainedModel
-    draft: PreTrainedModel
+    draft: nn.Module
+    """A transformers causal LM, a distilled draft, or an :class:`~adaptive.eagle3.Eagle3Head`."""
     tokenizer: object
     name: str
 
@@ -87,11 +90,15 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "fl
     """Load target, draft and tokenizer from two folders and check that they are compatible.
 
     The draft may be any transformers causal LM folder with its own tokenizer (checked against the
-    target's), or a draft made by ``adaptive distill``, which is built on the target's embedding and
-    therefore shares its tokenizer by construction.
+    target's), a draft made by ``adaptive distill``, or a head in the EAGLE-3 layout (``adaptive distill
+    --kind eagle3`` or a published one for this target); the last two are built on the target's embedding
+    and therefore share its tokenizer by construction.
     """
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     target_model = load_model(target, dtype, device)
+    if is_head_folder(draft):
+        head = load_head(draft, target_model)
+        return ModelPair(target_model, head, tokenizer, f"{Path(target).name}+{Path(draft).name}")
     if (Path(draft) / WEIGHTS).is_file():
         draft_model, draft_tokenizer = load_draft(draft, target_model), None
     else:

@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from adaptive.cached_model import CachedModel
+from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.generation import Clock
 from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask
@@ -60,7 +61,20 @@ def _feed(model: CachedModel, tokens: list[int], tree_mask: bool) -> None:
     model.forward_masked(tokens, range(cached, cached + len(tokens)), mask)
 
 
-def _time_forward(model: CachedModel, context: list[int], tokens: list[int], repetitions: int, clock: Clock, tree_mask: bool = False) -> list[float]:
+def _draft_after(target, draft, context: list[int]) -> CachedModel | HeadSession:
+    """The draft's session after ``context`` as a round finds it: a head on a target that has read all of it
+    but the last token, so that the timed step drafts from the head's own state."""
+    reading = CachedModel(target, taps=target_taps(draft))
+    if reading.taps:
+        reading.forward(context[:-1])
+    session = draft_session(draft, reading)
+    session.forward(context)
+    return session
+
+
+def _time_forward(
+    model: CachedModel | HeadSession, context: list[int], tokens: list[int], repetitions: int, clock: Clock, tree_mask: bool = False
+) -> list[float]:
     """Seconds of feeding ``tokens`` after a cached ``context``, rolled back after each repetition."""
     if model.length != len(context):
         model.reset()
@@ -101,7 +115,7 @@ def profile_pair(
     clock = Clock(target.device)
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
-    target_cache, draft_cache = CachedModel(target), CachedModel(draft)
+    target_cache = CachedModel(target, taps=target_taps(draft))  # verification keeps what the draft reads, as in decoding
     result: dict = {"contexts": list(contexts), "reference_context": reference_context, "repetitions": repetitions,
                     "verify_mask": "tree" if tree_mask else "causal"}
     result["draft_step"], result["verify"] = {}, {}
@@ -110,6 +124,7 @@ def profile_pair(
         for ctx in contexts:
             context = torch.randint(0, vocab, (ctx,), generator=generator).tolist()
             new = torch.randint(0, vocab, (max_verify,), generator=generator).tolist()
+            draft_cache = _draft_after(target, draft, context)
             result["draft_step"][str(ctx)] = _summary(_time_forward(draft_cache, context, new[:1], repetitions, clock))
             progress.update()
             result["verify"][str(ctx)] = {}

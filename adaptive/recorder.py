@@ -27,12 +27,15 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from torch import nn
+from transformers import PreTrainedModel
 
-from adaptive.cached_model import cache_keyword
+from adaptive.cached_model import CachedModel, cache_keyword
 from adaptive.decoder import SpeculativeDecoder
+from adaptive.drafts import HeadSession, draft_session, target_taps, teacher_forced
 from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
 from adaptive.traces import TraceSet
+from adaptive.tree import attention_mask
 
 
 @torch.inference_mode()
@@ -62,20 +65,30 @@ def greedy_output(decoder: SpeculativeDecoder, prompt: list[int], max_new_tokens
 
 
 @torch.inference_mode()
-def draft_trace(draft: PreTrainedModel, prompt: list[int], output: list[int], depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Match lengths ``[N]`` and step features ``[N, depth, 3]`` of the draft's greedy continuations."""
+def draft_trace(target: PreTrainedModel, draft: nn.Module, prompt: list[int], output: list[int], depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Match lengths ``[N]`` and step features ``[N, depth, 3]`` of the draft's greedy continuations (the
+    target is read only by a draft that drafts from its hidden states)."""
     n, p = len(output), len(prompt)
-    sequence = torch.tensor([prompt + output], device=draft.device)
-    cache = DynamicCache(config=draft.config)
-    logits = draft(input_ids=sequence, use_cache=True, **{cache_keyword(draft): cache}).logits[0, p - 1 : p - 1 + n]
-    first = draft_features(logits)
+    if target_taps(draft) and p < 2:
+        raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {p}")
+    session, logits = teacher_forced(target, draft, prompt + output)
+    first = draft_features(logits[p - 1 : p - 1 + n])
     first_tokens = [f[0] for f in first]
     features = np.zeros((n, depth, 3), dtype=np.float32)
     features[:, 0] = [f[1:] for f in first]
-    own = [t for t in range(n) if first_tokens[t] != output[t] or t == n - 1]
+    # A draft that reads only tokens drafts after a hit d(t) = y[t] exactly as it drafts at t + 1, so only misses
+    # need rollouts of their own; a head reads its own state after d(t) but the target's at t + 1: all do.
+    chained = target_taps(draft) is None
+    own = [t for t in range(n) if not chained or first_tokens[t] != output[t] or t == n - 1]
+    drafted = torch.zeros(len(own), 0, dtype=torch.long)
     if depth > 1 and own:
-        features[own, 1:] = _rollouts(draft, cache, [p + t for t in own], [first_tokens[t] for t in own], depth - 1)[0]
+        features[own, 1:], drafted, _ = _rollouts(session, [p + t for t in own], [first_tokens[t] for t in own], depth - 1)
     match = np.zeros(n, dtype=np.int64)
+    if not chained:
+        for row, t in enumerate(own):
+            proposal, truth = [first_tokens[t]] + drafted[row].tolist(), output[t : t + depth]
+            match[t] = next((j for j, (a, b) in enumerate(zip(proposal, truth)) if a != b), min(len(proposal), len(truth)))
+        return match, features
     for t in range(n - 1, -1, -1):
         if first_tokens[t] == output[t]:
             match[t] = min(depth, 1 + (match[t + 1] if t + 1 < n else 0))
@@ -90,31 +103,29 @@ def _prefix_mask(cached: int, contexts: list[int], device: torch.device) -> torc
 
 
 def _rollouts(
-    draft: PreTrainedModel,
-    cache: DynamicCache,
+    session: CachedModel | HeadSession,
     contexts: list[int],
     first_tokens: list[int],
     steps: int,
     sampling: SamplingConfig = GREEDY,
     generator: torch.Generator | None = None,
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-    """Draft ``steps`` more tokens for each row: row r sees the first ``contexts[r]`` cached tokens and
-    then its own tokens, starting with ``first_tokens[r]``. Greedy picks the arg-max, otherwise tokens are
+    """Draft ``steps`` more tokens for each row, all rows in one masked forward per step appended to the
+    session's cache: row r sees the first ``contexts[r]`` cached tokens and then its own tokens, starting
+    with ``first_tokens[r]`` (at position ``contexts[r]``). Greedy picks the arg-max, otherwise tokens are
     drawn from the sampling distribution. Returns features ``[rows, steps, 3]``, the drafted tokens
     ``[rows, steps]`` and the probability each had under the draft's sampling distribution."""
     rows = len(contexts)
-    cache.batch_repeat_interleave(rows)
-    device = draft.device
-    mask = _prefix_mask(cache.get_seq_length(), contexts, device)
-    tokens = torch.tensor(first_tokens, device=device)[:, None]
-    positions = torch.tensor(contexts, device=device)[:, None]
+    own: list[list[int]] = [[] for _ in range(rows)]
+    tokens = list(first_tokens)
     out = np.zeros((rows, steps, 3), dtype=np.float32)
     drafted, probs = [], []
     for j in range(steps):
-        mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype, device=device)], dim=1)
-        logits = draft(
-            input_ids=tokens, attention_mask=mask, position_ids=positions + j, use_cache=True, **{cache_keyword(draft): cache}
-        ).logits[:, -1]
+        cached = session.length
+        mask = attention_mask(cached, contexts, own, session.dtype, session.device)
+        logits = session.forward_masked(tokens, [c + j for c in contexts], mask)
+        for r in range(rows):
+            own[r].append(cached + r)
         chosen = None
         if not sampling.is_greedy:
             q = sampling_distribution(logits, sampling)
@@ -122,9 +133,9 @@ def _rollouts(
             probs.append(q.gather(-1, chosen[:, None])[:, 0])
         step = draft_features(logits, chosen)
         out[:, j] = [s[1:] for s in step]
-        tokens = torch.tensor([s[0] for s in step], device=device)[:, None]
-        drafted.append(tokens[:, 0])
-    empty = torch.zeros(rows, 0)
+        tokens = [s[0] for s in step]
+        drafted.append(torch.tensor(tokens, device=session.device))
+    empty = torch.zeros(rows, 0, device=session.device)
     return out, torch.stack(drafted, 1) if drafted else empty.long(), torch.stack(probs, 1) if probs else empty
 
 
@@ -135,7 +146,7 @@ TARGET_ROWS_PER_BATCH = 32
 @torch.inference_mode()
 def sampled_trace(
     target: PreTrainedModel,
-    draft: PreTrainedModel,
+    draft: nn.Module,
     prompt: list[int],
     output: list[int],
     depth: int,
@@ -147,9 +158,12 @@ def sampled_trace(
     distribution after the context and the continuation's earlier tokens. Returns ``[N, depth]``
     probabilities, ``[N, depth, 3]`` features and the ``[N, depth]`` drafted tokens."""
     n, p = len(output), len(prompt)
-    sequence = torch.tensor([prompt + output], device=draft.device)
-    draft_cache = DynamicCache(config=draft.config)
-    draft_logits = draft(input_ids=sequence, use_cache=True, **{cache_keyword(draft): draft_cache}).logits[0, p - 1 : p - 1 + n]
+    if target_taps(draft) and p < 2:
+        raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {p}")
+    reading = CachedModel(target, taps=target_taps(draft))
+    target_logits = reading.forward(prompt + output)[p - 1 : p - 1 + n]
+    session = draft_session(draft, reading)
+    draft_logits = session.forward(prompt + output)[p - 1 : p - 1 + n]
     q_first = sampling_distribution(draft_logits, sampling)
     first = sample(q_first, generator)
     features = np.zeros((n, depth, 3), dtype=np.float32)
@@ -157,16 +171,15 @@ def sampled_trace(
     contexts = [p + t for t in range(n)]
     tokens, q_chosen = first[:, None], q_first.gather(-1, first[:, None])
     if depth > 1:
-        more, more_tokens, more_q = _rollouts(draft, draft_cache, contexts, first.tolist(), depth - 1, sampling, generator)
+        more, more_tokens, more_q = _rollouts(session, contexts, first.tolist(), depth - 1, sampling, generator)
         features[:, 1:] = more
         tokens, q_chosen = torch.cat([tokens, more_tokens], 1), torch.cat([q_chosen, more_q], 1)
-    target_cache = DynamicCache(config=target.config)
-    target_logits = target(input_ids=sequence, use_cache=True, **{cache_keyword(target): target_cache}).logits[0, p - 1 : p - 1 + n]
+    target_cache = reading.cache
     p_chosen = torch.zeros_like(q_chosen)
     p_chosen[:, 0] = sampling_distribution(target_logits, sampling).gather(-1, first[:, None])[:, 0]
     for start in range(0, n, TARGET_ROWS_PER_BATCH) if depth > 1 else ():
         rows = list(range(start, min(n, start + TARGET_ROWS_PER_BATCH)))
-        cache = copy.deepcopy(target_cache)
+        cache = copy.deepcopy(target_cache)  # a copy per batch of rows, each row repeated
         cache.batch_repeat_interleave(len(rows))
         mask = torch.cat([_prefix_mask(p + n, [contexts[r] for r in rows], target.device), torch.ones(len(rows), depth - 1, dtype=torch.long)], 1)
         positions = torch.tensor([contexts[r] for r in rows])[:, None] + torch.arange(depth - 1)[None, :]
@@ -202,7 +215,7 @@ def record(
             given = given_outputs.get(prompt["id"]) if given_outputs else None
             y = greedy_output(decoder, ids, max_new_tokens, given)
             repaired += given is not None and y != given[:max_new_tokens]
-            m, f = draft_trace(decoder.draft.model, ids, y, depth)
+            m, f = draft_trace(decoder.target.model, decoder.draft.model, ids, y, depth)
         else:
             y = decoder.generate(ids, max_new_tokens, seed=seed + i).token_ids
             generator = torch.Generator(device=decoder.draft.device).manual_seed(seed + i)

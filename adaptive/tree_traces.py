@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel
+from adaptive.drafts import teacher_forced
 from adaptive.traces import read_npz, write_npz
 from adaptive.tree import DraftTree, TreeShape, grow_level, rank_children
 
@@ -98,11 +99,12 @@ def node_slots(shape: TreeShape, depth: int) -> int:
 
 
 @torch.inference_mode()
-def grow_trees(draft: PreTrainedModel, prompt: list[int], output: list[int], shape: TreeShape, depth: int) -> list[DraftTree]:
-    """The tree the tree decoder grows to ``depth`` at every position of ``output`` (batched over positions)."""
+def grow_trees(target: PreTrainedModel, draft: nn.Module, prompt: list[int], output: list[int], shape: TreeShape, depth: int) -> list[DraftTree]:
+    """The tree the tree decoder grows to ``depth`` at every position of ``output`` (batched over positions;
+    the target is read only by a draft that drafts from its hidden states)."""
     p, n = len(prompt), len(output)
-    model = CachedModel(draft)
-    logits = model.forward(prompt + output)[p - 1 : p - 1 + n]
+    model, logits = teacher_forced(target, draft, prompt + output)
+    logits = logits[p - 1 : p - 1 + n]
     trees = [DraftTree() for _ in range(n)]
     ranked = rank_children(logits, shape.branching)
     for t, tree in enumerate(trees):
@@ -183,7 +185,8 @@ def nodes_needed(rank: np.ndarray, depth: np.ndarray, on_path: np.ndarray, max_d
 
 
 def record_trees(
-    draft: PreTrainedModel,
+    target: PreTrainedModel,
+    draft: nn.Module,
     prompts: list[dict],
     prompt_ids: list[list[int]],
     outputs: list[list[int]],
@@ -196,7 +199,7 @@ def record_trees(
     (e.g. the outputs of the chain traces, which record and check them)."""
     arrays: dict[str, list[np.ndarray]] = {}
     for ids, output in zip(prompt_ids, outputs, strict=True):
-        for key, value in tree_arrays(grow_trees(draft, ids, output, shape, depth), output, shape, depth).items():
+        for key, value in tree_arrays(grow_trees(target, draft, ids, output, shape, depth), output, shape, depth).items():
             arrays.setdefault(key, []).append(value)
         if progress is not None:
             progress.update()

@@ -76,4 +76,4 @@ def record_tree_traces(pair: ModelPair, name: str, chain_traces: str | Path, *, 
     outputs = [chain.output(i).tolist() for i in keep]
     metadata = trace_metadata(pair, name, split, dtype, outputs_from=str(source), max_new_tokens=chain.max_new_tokens)
     with tqdm(total=len(prompts), desc=f"record trees {split}", unit="prompt") as progress:
-        return record_trees(pair.draft, prompts, ids, outputs, shape, depth, metadata, progress)
+        return record_trees(pair.target, pair.draft, prompts, ids, outputs, shape, depth, metadata, progress)

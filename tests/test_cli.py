@@ -6,9 +6,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import perturbed_copy, tiny_llama
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from adaptive.eagle3 import Eagle3Config, Eagle3Head, save_head
+from adaptive.profile import CostProfile
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -48,7 +52,7 @@ def model_folders(tmp_path_factory):
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>"
     )
-    target = tiny_llama(0, dtype=__import__("torch").float32)
+    target = tiny_llama(0, dtype=torch.float32)
     draft = perturbed_copy(target, 0.3, seed=1)
     folders = {}
     for name, model in (("target", target), ("draft", draft)):
@@ -56,6 +60,11 @@ def model_folders(tmp_path_factory):
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         folders[name] = str(folder)
+    torch.manual_seed(2)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 1)), target.get_input_embeddings())
+    head.set_vocabulary(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 15]))
+    folders["head"] = str(tmp_path_factory.mktemp("head"))
+    save_head(head, folders["head"])
     return folders
 
 
@@ -74,6 +83,22 @@ def test_generate_prints_rounds_and_speedup(model_folders):
     assert "| round | context | drafted | verified | accepted | emitted |" in result.stdout
     assert "speedup over plain decoding:" in result.stdout
     assert "greedy outputs: identical" in result.stdout
+
+
+def test_an_eagle3_head_folder_drafts_and_profiles_like_any_draft(model_folders, tmp_path):
+    result = run(
+        "generate", "--target", model_folders["target"], "--draft", model_folders["head"],
+        "--policy", "static:3", "--max-new-tokens", "20", "--compare", "the cat sat on",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "greedy outputs: identical" in result.stdout
+    out = tmp_path / "head-profile.json"
+    result = run(
+        "profile", "--target", model_folders["target"], "--draft", model_folders["head"], "--out", str(out),
+        "--max-verify", "3", "--contexts", "8", "--reference-context", "8", "--repetitions", "2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert CostProfile.load(out).c > 0
 
 
 def test_generate_bad_policy_is_a_clear_error(model_folders):

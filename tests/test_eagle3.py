@@ -4,14 +4,24 @@ and a resumable training run on a tiny target."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import flat_profile, tiny_llama
 from safetensors.torch import load_file, save_file
 
+from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.drafts import draft_session, target_taps
 from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, rotary, save_head
+from adaptive.recorder import draft_trace, record
+from adaptive.tree import DraftTree, TreeShape, grow_level
+from adaptive.tree_decoder import TreeDecoder
+from adaptive.tree_traces import record_trees
+from envs.replay import ReplayBackend
+from envs.rollout import run_policy
+from envs.tree_replay import TreeReplayBackend
 from lab.distill_eagle3 import HeadTrainingConfig, train_head
 from policies import make_policy
 
@@ -168,3 +178,72 @@ def test_a_trained_heads_first_step_agrees_with_its_training_time_test(eagle_hea
     expected = eagle_head.target_logits(states[0, len(tokens) - 2]).argmax()
     assert generation.steps()[0].token == int(expected)
 
+
+
+def _sessions(head, target, context: list[int]):
+    """A target session that has processed all of ``context`` but its last token, and the head's session on it."""
+    cached = CachedModel(target, taps=target_taps(head))
+    cached.forward(context[:-1])
+    session = draft_session(head, cached)
+    return cached, session
+
+
+def test_a_heads_tree_levels_equal_chain_drafting_along_each_path(eagle_head, target):
+    """Every node of a tree the head grows (one batched masked forward per level) has the log-probability the
+    head gives its token when drafting that node's path as a chain, token by token."""
+    context = [1, 5, 2, 9, 4, 4, 7]
+    _, session = _sessions(eagle_head, target, context)
+    tree = DraftTree()
+    tree.add_children(-1, session.forward(context)[-1], 3)
+    for _ in range(3):
+        grow_level(session, [tree], [len(context)], TreeShape(3, 2, 64), time.perf_counter)
+    assert tree.depth == 4
+    for index, node in enumerate(tree.nodes):
+        _, chain = _sessions(eagle_head, target, context)
+        logits = chain.forward(context)[-1]
+        for ancestor in tree.ancestors(index):
+            logits = chain.forward([tree.nodes[ancestor].token])[-1]
+        assert node.log_prob == pytest.approx(float(torch.log_softmax(logits.double(), -1)[node.token]), abs=1e-9), index
+
+
+@pytest.mark.parametrize("shape", [TreeShape(2, 2, 8), TreeShape(4, 3, 24), TreeShape(1, 1, 16)])
+def test_greedy_tree_decoding_with_a_head_is_identical_to_plain_greedy(eagle_head, target, shape):
+    for prompt in ([1, 5, 2, 9, 4, 4, 7], [6, 6]):
+        result = TreeDecoder(target, eagle_head, make_policy("static:4"), shape, max_depth=5).generate(prompt, 30)
+        assert result.token_ids == generate_plain(target, prompt, 30).token_ids
+        assert any(r.accepted for r in result.rounds)
+
+
+def test_a_k1_tree_with_a_head_is_the_chain_decoder(eagle_head, target):
+    chain = SpeculativeDecoder(target, eagle_head, make_policy("static:3")).generate([1, 5, 2, 9, 4], 30)
+    tree = TreeDecoder(target, eagle_head, make_policy("static:3"), TreeShape(1, 1, 64)).generate([1, 5, 2, 9, 4], 30)
+    assert [(r.drafted, r.accepted, r.emitted) for r in tree.rounds] == [(r.drafted, r.accepted, r.emitted) for r in chain.rounds]
+
+
+@pytest.mark.parametrize("spec", ["static:1", "static:3", "static:6", "heuristic:2"])
+def test_replay_of_a_heads_traces_accepts_what_live_decoding_accepts(eagle_head, target, spec):
+    """Greedy chain traces of a head (every position drafted from its own rollout) replay live rounds exactly."""
+    prompts = [[1, 4, 6], [9, 2, 2, 5, 11], [7, 7, 1, 0]]
+    decoder = SpeculativeDecoder(target, eagle_head, make_policy("static:1"))
+    traces = record(decoder, [{"id": str(i), "lang": "en"} for i in range(len(prompts))], prompts, max_new_tokens=30, depth=6, metadata={})
+    replayed = run_policy(ReplayBackend(traces, flat_profile()), make_policy(spec), range(len(prompts)))
+    for prompt, episode in zip(prompts, replayed, strict=True):
+        live = SpeculativeDecoder(target, eagle_head, make_policy(spec), max_depth=6).generate(prompt, 30)
+        assert [(c.drafted, c.accepted, c.emitted) for c in episode.cycles] == [(r.drafted, r.accepted, r.emitted) for r in live.rounds]
+    assert sum(c.accepted for e in replayed for c in e.cycles) > 0
+
+
+def test_a_heads_tree_traces_replay_live_tree_rounds(eagle_head, target):
+    prompts, shape = [[1, 4, 6], [9, 2, 2, 5, 11]], TreeShape(3, 2, 6)
+    outputs = [generate_plain(target, p, 30).token_ids for p in prompts]
+    traces = record_trees(target, eagle_head, [{"id": str(i), "lang": "en"} for i in range(2)], prompts, outputs, shape, 4, {"max_new_tokens": 30})
+    for gamma in (1, 4):
+        replayed = run_policy(TreeReplayBackend(traces, flat_profile(), max_depth=4, size=6), make_policy(f"static:{gamma}"), range(2), 0.0)
+        for prompt, episode in zip(prompts, replayed, strict=True):
+            live = TreeDecoder(target, eagle_head, make_policy(f"static:{gamma}"), shape, max_depth=4).generate(prompt, 30)
+            assert [(c.drafted, c.verified, c.accepted) for c in episode.cycles] == [(r.drafted, r.verified, r.accepted) for r in live.rounds]
+
+
+def test_recording_refuses_a_one_token_prompt_for_a_head(eagle_head, target):
+    with pytest.raises(ValueError, match="2 tokens or more"):
+        draft_trace(target, eagle_head, [3], [4, 5, 6], 3)

@@ -142,7 +142,7 @@ def test_tree_replay_reproduces_live_tree_rounds(target, far_draft, shape, depth
     prompts = [PROMPT, [3, 3, 8, 1], [12, 0, 5, 5, 5, 9, 2, 2]]
     outputs = [generate_plain(target, p, budget).token_ids for p in prompts]
     rows = [{"id": f"p{i}", "lang": "en"} for i in range(len(prompts))]
-    traces = record_trees(far_draft, rows, prompts, outputs, shape, depth, {"max_new_tokens": budget})
+    traces = record_trees(target, far_draft, rows, prompts, outputs, shape, depth, {"max_new_tokens": budget})
     traces.save(tmp_path / "trees.npz")
     traces = TreeTraceSet.load(tmp_path / "trees.npz")
     for size in (1, 3, shape.size):
@@ -165,7 +165,7 @@ def tiny_tree_traces(tmp_path_factory, target, far_draft):
     outputs = [generate_plain(target, p, 48).token_ids for p in prompts]
     rows = [{"id": f"p{i}", "lang": "en"} for i in range(len(prompts))]
     path = tmp_path_factory.mktemp("trees") / "tiny-tree.npz"
-    record_trees(far_draft, rows, prompts, outputs, TreeShape(3, 3, 6), 4, {"max_new_tokens": 48}).save(path)
+    record_trees(target, far_draft, rows, prompts, outputs, TreeShape(3, 3, 6), 4, {"max_new_tokens": 48}).save(path)
     return path
 
 
