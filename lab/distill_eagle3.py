@@ -4,8 +4,9 @@ Data: the shards :mod:`lab.distill_data` writes (prompt ids + the target's greed
 the draft-training prompt pool, disjoint from every policy workload prompt). About 2 % of the prompts, by
 a hash of their id, are held out to measure the head (never trained on, never the policy's val split).
 
-Each batch runs one teacher-forced target forward (the multi-token forward verification runs at decoding
-time) for the three aux hidden states and the target's distribution, then the head's training-time test:
+Each batch needs the target's three aux hidden states and its distribution: from one teacher-forced target
+forward (the multi-token forward verification runs at decoding time), or, once a sequence has been seen,
+from the feature cache on local disk (:mod:`lab.feature_cache`). Then the head's training-time test:
 ``ttt_steps`` unrolled draft steps at every position (:meth:`~adaptive.eagle3.Eagle3Head.unrolled`), loss
 Σ_k decay^k · CE(target distribution over the draft vocabulary, renormalised; head), on response tokens.
 The draft vocabulary is the ``draft_vocab_size`` most frequent target tokens of the training responses.
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from adaptive.precision import bf16_matmuls
+from lab.feature_cache import FeatureCache, cache_folder
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +71,18 @@ class Sequence:
     lang: str
     prompt: list[int]
     response: list[int]
+    shard: str
+    """The shard file it came from, and its row there (its place in the feature cache)."""
+    row: int
 
 
 def read_shards(folder: Path) -> list[Sequence]:
     """Every complete shard's rows (``*.jsonl``; ``.partial`` shards are still being written)."""
     rows = []
     for shard in sorted(folder.glob("*.jsonl")):
-        for line in shard.read_text().splitlines():
+        for index, line in enumerate(shard.read_text().splitlines()):
             row = json.loads(line)
-            rows.append(Sequence(f"{shard.name.split('-')[0]}:{row['id']}", row["lang"], row["prompt_ids"], row["response"]))
+            rows.append(Sequence(f"{shard.name.split('-')[0]}:{row['id']}", row["lang"], row["prompt_ids"], row["response"], shard.name, index))
     if not rows:
         raise ValueError(f"no response shards in {folder}; generate them with `python -m lab.distill_data`")
     return rows
@@ -117,19 +122,30 @@ def batch_tensors(batch: list[Sequence], max_length: int, pad: int) -> tuple[tor
 
 
 @torch.no_grad()
+def target_states(target, tokens: torch.Tensor, attention: torch.Tensor, layer_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's aux states ``[B, T, 3H]`` and final (normed) states ``[B, T, H]``, in its dtype, from one
+    teacher-forced forward (the multi-token forward verification runs at decoding time)."""
+    out = target.model(input_ids=tokens, attention_mask=attention, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i] for i in layer_ids], dim=-1), out.last_hidden_state
+
+
+@torch.no_grad()
+def draft_log_probs(final: torch.Tensor, output_rows: torch.Tensor) -> torch.Tensor:
+    """The target's log-probabilities over the draft vocabulary ``[B, T, Vd]`` (``output_rows``: the target's
+    output-layer rows of the draft vocabulary, renormalised over them)."""
+    return torch.log_softmax((final @ output_rows.T).float(), dim=-1)
+
+
+@torch.no_grad()
 def target_features(
     target, tokens: torch.Tensor, attention: torch.Tensor, layer_ids, vocab_rows: torch.Tensor, full_argmax: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(aux states ``[B, T, 3H]``, log-probabilities over the draft vocabulary ``[B, T, Vd]``, and with
-    ``full_argmax`` the target's greedy token over its whole vocabulary ``[B, T]``) from one teacher-forced forward."""
-    out = target.model(input_ids=tokens, attention_mask=attention, output_hidden_states=True)
-    hidden = out.hidden_states
-    aux = torch.cat([hidden[i] for i in layer_ids], dim=-1).float()
-    final = out.last_hidden_state
+    """(aux states ``[B, T, 3H]`` in float32, log-probabilities over the draft vocabulary ``[B, T, Vd]``, and
+    with ``full_argmax`` the target's greedy token over its whole vocabulary ``[B, T]``)."""
+    aux, final = target_states(target, tokens, attention, layer_ids)
     head = target.get_output_embeddings().weight
-    logits_draft = (final @ head[vocab_rows].T).float()
     argmax = (final @ head.T).argmax(dim=-1) if full_argmax else None
-    return aux, torch.log_softmax(logits_draft, dim=-1), argmax
+    return aux.float(), draft_log_probs(final, head[vocab_rows]), argmax
 
 
 def unrolled_loss(head: Eagle3Head, tokens, aux, target_log, mask, ttt_steps: int, decay: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -206,8 +222,9 @@ def _schedule(step: int, config: HeadTrainingConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingConfig) -> dict:
-    """Train (or continue training) a head into ``out``; returns the last held-out measurement."""
+def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingConfig, features: Path | None = None) -> dict:
+    """Train (or continue training) a head into ``out``; returns the last held-out measurement. ``features``:
+    a root folder for the target's features on local disk (:mod:`lab.feature_cache`), None to recompute them."""
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
     sequences = read_shards(data)
@@ -227,7 +244,15 @@ def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingCon
         head_config = Eagle3Config.for_target(target.config, config.draft_vocab_size)
         head = Eagle3Head(head_config, target.get_input_embeddings()).float().train()
         head.set_vocabulary(vocab)
-    vocab_rows = vocab.to(target.device)
+    output_rows = target.get_output_embeddings().weight[vocab.to(target.device)]
+    cache = None
+    if features is not None:
+        folder = cache_folder(features, data, target.dtype, head.config.layer_ids, config.max_length)
+        lengths: dict[str, list[int]] = {}
+        for s in sequences:
+            lengths.setdefault(s.shard, []).append(min(config.max_length, len(s.prompt) + len(s.response)))
+        cache = FeatureCache(folder, data, lengths, (3 * target.config.hidden_size, target.config.hidden_size), target.dtype)
+        log.info("feature cache %s: %.0f %% filled", folder, 100 * cache.filled_share())
     optimiser = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0)
     if (checkpoint / "optimiser.pt").is_file():
         optimiser.load_state_dict(torch.load(checkpoint / "optimiser.pt", weights_only=True))
@@ -247,8 +272,8 @@ def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingCon
             batch = [train_set[i] for i in order[cursor : cursor + config.batch_size]]
             cursor += config.batch_size
             tokens, attention, mask = batch_tensors(batch, config.max_length, pad)
-            aux, target_log, _ = target_features(target, tokens, attention, head.config.layer_ids, vocab_rows)
-            loss, _ = unrolled_loss(head, tokens, aux, target_log, mask, config.ttt_steps, config.decay)
+            aux, final = _states(target, cache, batch, tokens, attention, head.config.layer_ids)
+            loss, _ = unrolled_loss(head, tokens, aux.float(), draft_log_probs(final, output_rows), mask, config.ttt_steps, config.decay)
             optimiser.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -260,11 +285,25 @@ def train_head(target, tokenizer, data: Path, out: Path, config: HeadTrainingCon
             if state["step"] % config.checkpoint_every == 0 or state["step"] == config.steps:
                 measured = heldout_accuracy(head, target, heldout, config, vocab, pad)
                 _log(out, {"step": state["step"], "loss": loss.item(), "lr": scheduler.get_last_lr()[0], **measured, "train_sequences": len(train_set)})
+                if cache is not None:
+                    cache.flush()
                 _checkpoint(head, optimiser, state, checkpoint)
                 save_head(head, out, {"step": state["step"], "train_sequences": len(train_set), "heldout_accuracy": measured["accuracy"]})
                 log.info("step %d: loss %.3f, held-out accuracy per position %s, tau@4 %.2f", state["step"], loss.item(),
                          [round(a, 3) for a in measured["accuracy"]], measured["tau_depth4"])
     return measured
+
+
+def _states(target, cache: FeatureCache | None, batch: list[Sequence], tokens, attention, layer_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's aux and final states: from the cache when it holds every sequence, else from the target
+    (and then stored)."""
+    keys = [(s.shard, s.row) for s in batch]
+    if cache is not None and all(cache.has(*key) for key in keys):
+        return cache.read(keys, tokens.shape[1])
+    aux, final = target_states(target, tokens, attention, layer_ids)
+    if cache is not None:
+        cache.write(keys, aux, final)
+    return aux, final
 
 
 def _log(out: Path, entry: dict) -> None:

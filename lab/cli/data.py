@@ -100,7 +100,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         target, tokenizer = load_target("smollm2-135m", args.target_dtype)
         config = HeadTrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
                                     ttt_steps=args.ttt_steps, seed=args.seed)
-        print(json.dumps(train_head(target, tokenizer, Path(args.data), Path(args.out), config), indent=1))
+        features = None if args.feature_cache == "none" else Path(args.feature_cache)
+        print(json.dumps(train_head(target, tokenizer, Path(args.data), Path(args.out), config, features), indent=1))
         return 0
     corpus = Path(args.corpus or cache_root() / "corpus.jsonl")
     if not corpus.is_file():
@@ -165,6 +166,8 @@ def register(commands) -> None:
     dist.add_argument("--data", default=str(SHARDS), help="eagle3: response shards (adaptive distill-data)")
     dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
     dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="eagle3: dtype of the target's forward")
+    dist.add_argument("--feature-cache", default=str(cache_root() / "features"),
+                      help="eagle3: folder for the target's features on local disk, read instead of recomputed after the first epoch (none: recompute)")
     dist.add_argument("--corpus", help="corpus JSONL (default: the one scripts/build_workload.py wrote)")
     dist.add_argument("--layers", type=int, default=2)
     dist.add_argument("--vocab", type=int, default=8192, help="size of the draft's output token subset")
