@@ -2,7 +2,8 @@
 
 For each prompt (chat format): plain greedy decoding of the target and speculative decoding with a static
 depth, same number of new tokens. Prints per language how many outputs are token-identical, the measured
-acceptance rate (accepted / verified drafted tokens) and tokens per round; writes JSON.
+acceptance rate (accepted / verified drafted tokens) and tokens per round; where an output diverges (bf16
+only, by design), whether the first divergence is a near-tie (:mod:`adaptive.divergence`); writes JSON.
 
 Run: .venv/bin/python benchmarks/greedy_identity.py [--split test] [--new-tokens 64] [--policy static:4]
      [--head DIR] [--dtype float32|bfloat16|auto] [--per-language N]
@@ -14,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm import tqdm
 
 from adaptive import SpeculativeDecoder, generate_plain, load_pair
+from adaptive.divergence import first_divergence
 from adaptive.eagle3 import load_head
 from adaptive.workload import LANGUAGES, chat_ids, first_per_language, load_prompts
 from lab.report import format_table
@@ -47,7 +50,9 @@ def main() -> None:
         ids = chat_ids(pair.tokenizer, prompt["prompt"])
         plain = generate_plain(pair.target, ids, args.new_tokens)
         result = decoder.generate(ids, args.new_tokens)
+        divergence = first_divergence(pair.target, ids, plain.token_ids, result.token_ids)
         rows.append({
+            "divergence": None if divergence is None else {**asdict(divergence), "near_tie": divergence.near_tie},
             "id": prompt["id"], "lang": prompt["lang"], "identical": result.token_ids == plain.token_ids,
             "accepted": sum(r.accepted for r in result.rounds), "verified": sum(r.verified for r in result.rounds),
             "rejections": sum(1 for r in result.rounds if r.accepted < r.verified),
@@ -69,6 +74,15 @@ def main() -> None:
     print(f"pair {args.pair} ({args.dtype}), draft: {drafted_by}, {args.split} split, greedy, {args.new_tokens} new tokens, policy {args.policy}")
     print("alpha = accepted / (accepted + rejections): the per-token acceptance estimate under a geometric model")
     print(format_table(["lang", "prompts", "identical to plain", "alpha", "tokens/round", "speedup"], table))
+    diverged = [row for row in rows if row["divergence"]]
+    if diverged:
+        ties = sum(row["divergence"]["near_tie"] for row in diverged)
+        print(f"\n{len(diverged)} of {len(rows)} outputs diverge from plain greedy; {ties} of them at a near-tie "
+              f"(|target logit gap| <= {diverged[0]['divergence']['tolerance']:.3f} under both a 1-token and a k-token forward)")
+        for row in diverged:
+            d = row["divergence"]
+            print(f"  {row['id']}: token {d['position']}, gap {d['gap_one_token']:+.4f} (1-token) / {d['gap_k_token']:+.4f} (k-token)"
+                  f"{'' if d['near_tie'] else '  NOT A NEAR-TIE'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 

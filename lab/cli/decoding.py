@@ -9,6 +9,8 @@ import torch
 
 from adaptive import costmodel, exactness
 from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.divergence import first_divergence
+from adaptive.generation import prompt_token_ids
 from adaptive.profile import CostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
@@ -91,6 +93,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"\nspeedup over plain decoding: {result.tokens_per_second / plain.tokens_per_second:.3f}x (same run, same prompt)")
         if sampling.is_greedy:
             print(f"greedy outputs: {'identical' if plain.token_ids == result.token_ids else 'DIFFERENT'}")
+            divergence = first_divergence(pair.target, prompt_token_ids(prompt, pair.tokenizer), plain.token_ids, result.token_ids)
+            if divergence is not None:
+                print(divergence.describe(lambda t: pair.tokenizer.decode([t])))
+                print("(at float32 the outputs are identical by construction; at bfloat16 a k-token verification forward and a 1-token "
+                      "forward round differently, so near-ties can flip: the output still follows the target's verification forward)")
     return 0
 
 
