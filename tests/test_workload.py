@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
 from adaptive.workload import LANGUAGES, SPLITS, TASKS, load_prompts
+from lab.distill_data import POOL
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +51,16 @@ def test_bad_filters_are_named():
         load_prompts("dev")
     with pytest.raises(ValueError, match="lang must be one of"):
         load_prompts("test", lang="fr")
+
+
+def test_the_draft_training_pool_is_disjoint_from_every_policy_prompt(prompts):
+    """The draft learns from its own prompts: none is a workload prompt (train, val or test), none quotes a
+    val/test passage, none comes from the documentation kept out for independent checks; all four languages."""
+    pool = [json.loads(line) for line in POOL.read_text().splitlines()]
+    assert len(pool) >= 20_000 and {p["lang"] for p in pool} == set(LANGUAGES) and all(p["split"] == "draft" for p in pool)
+    assert not {p["prompt"] for p in pool} & {p["prompt"] for p in prompts}
+    assert not [p["source"] for p in pool if any(kept in p["source"] for kept in ("manpages", "maint-guide", "debian-faq", "aptitude"))]
+    held_out_passages = {p["prompt"].split(":", 1)[-1].strip() for p in prompts if p["split"] != "train"}
+    long_passages = [text for text in held_out_passages if len(text) > 40]
+    quoting = [p["id"] for p in pool[::50] if any(text in p["prompt"] for text in long_passages)]
+    assert not quoting, quoting[:5]
