@@ -1,13 +1,17 @@
-"""Wall-clock speedup of the default pair on the test split, per language, side by side in one run.
+"""Wall-clock speedup of a pair on the test split, per language, side by side in one run.
 
-Compared, on the same prompts (chat format) and the same number of new tokens: plain target decoding; our
-decoder with static γ = 1..8 and each baseline policy; transformers `generate(assistant_model=…)` with its
-heuristic schedule and with its default confidence threshold (0.4). For every prompt all configurations run
-back to back (interleaved), so machine noise spreads over all of them. Reported per language: tokens/s
-(total emitted tokens / total time), speedup over plain, mean tokens per round τ (ours only), and whether
-greedy outputs equal plain greedy.
+Compared, on the same prompts (chat format), the same number of new tokens and the same dtype: plain target
+decoding; our decoder with static γ = 1..8, each baseline policy and any learned policy given by path;
+transformers `generate(assistant_model=…)` with its heuristic schedule and with its default confidence
+threshold (0.4), where the draft is a transformers model (an EAGLE-3 head is not). For every prompt all
+configurations run back to back (interleaved), so machine noise spreads over all of them. Reported per
+language: tokens/s (total emitted tokens / total time), speedup over plain, mean tokens per round τ (ours),
+the per-token acceptance α = accepted / (accepted + rejections) (ours), and whether greedy outputs equal
+plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:mod:`adaptive.divergence`).
 
-Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--temperatures 0,0.7]
+Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--temperatures 0,0.7] [--dtype auto]
+     [--draft DIR] [--policies static:1,...,runs/NAME/policy.json]
+(--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft.)
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
+from adaptive.divergence import first_divergence
+from adaptive.models import smollm2_folder
+from adaptive.pair import load_pair_from_paths
 from adaptive.profiling import hardware_description
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from lab.report import format_table
@@ -47,7 +55,10 @@ def hf_assisted(pair, ids: list[int], new_tokens: int, sampling: SamplingConfig,
 
 
 def run(args: argparse.Namespace) -> dict:
-    pair = load_pair(args.pair)
+    pair = load_pair_from_paths(smollm2_folder(), args.draft, args.dtype) if args.draft else load_pair(args.pair, args.dtype)
+    hf_draft = isinstance(pair.draft, PreTrainedModel)
+    if args.transformers and not hf_draft:
+        print(f"transformers' assisted generation needs a transformers draft; {type(pair.draft).__name__} is not: skipped")
     rows = []
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
@@ -61,20 +72,23 @@ def run(args: argparse.Namespace) -> dict:
                              "identical": True})
                 for spec, decoder in decoders.items():
                     result = decoder.generate(ids, args.new_tokens, seed=args.seed)
+                    divergence = first_divergence(pair.target, ids, plain.token_ids, result.token_ids) if sampling.is_greedy else None
                     rows.append({**base, "config": spec, "tokens": len(result.token_ids), "seconds": result.total_time, "rounds": len(result.rounds),
-                                 "identical": result.token_ids == plain.token_ids})
-                if args.transformers:
+                                 "identical": result.token_ids == plain.token_ids, "accepted": sum(r.accepted for r in result.rounds),
+                                 "rejections": sum(r.accepted < r.verified for r in result.rounds),
+                                 "near_tie": None if divergence is None else divergence.near_tie})
+                if args.transformers and hf_draft:
                     for name, mode in HF_MODES.items():
                         tokens, seconds = hf_assisted(pair, ids, args.new_tokens, sampling, mode, args.seed)
                         rows.append({**base, "config": name, "tokens": len(tokens), "seconds": seconds, "rounds": None,
                                      "identical": tokens == plain.token_ids})
                 print(f"done {sampling.describe()} {prompt['id']}", flush=True)
     return {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens,
-            "split": args.split, "per_language": args.per_language, "rows": rows}
+            "split": args.split, "per_language": args.per_language, "draft": type(pair.draft).__name__, "rows": rows}
 
 
 def summarise(report: dict) -> str:
-    groups: dict[tuple, dict] = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "rounds": 0, "identical": True, "n": 0})
+    groups: dict[tuple, dict] = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "rounds": 0, "identical": True, "n": 0, "accepted": 0, "rejections": 0})
     for row in report["rows"]:
         for lang in (row["lang"], "all"):
             g = groups[(row["sampling"], row["config"], lang)]
@@ -82,11 +96,13 @@ def summarise(report: dict) -> str:
             g["seconds"] += row["seconds"]
             g["rounds"] += row["rounds"] or 0
             g["identical"] &= row["identical"]
+            g["accepted"] += row.get("accepted", 0)
+            g["rejections"] += row.get("rejections", 0)
             g["n"] += 1
     lines = []
     for sampling in dict.fromkeys(r["sampling"] for r in report["rows"]):
         configs = list(dict.fromkeys(r["config"] for r in report["rows"] if r["sampling"] == sampling))
-        header = ["config", *(f"{lang} tok/s (x)" for lang in (*LANGUAGES, "all")), "tau (all)"]
+        header = ["config", *(f"{lang} tok/s (x)" for lang in (*LANGUAGES, "all")), "tau (all)", *(f"alpha {lang}" for lang in LANGUAGES)]
         if sampling == "greedy":
             header.append("= plain")
         table = []
@@ -98,6 +114,10 @@ def summarise(report: dict) -> str:
                 cells.append(f"{rate:.1f} ({rate / base_rate:.2f}x)")
             g = groups[(sampling, config, "all")]
             cells.append(f"{g['tokens'] / g['rounds']:.2f}" if g["rounds"] and config != "plain" else "-")
+            for lang in LANGUAGES:
+                g_lang = groups[(sampling, config, lang)]
+                seen = g_lang["accepted"] + g_lang["rejections"]
+                cells.append(f"{g_lang['accepted'] / seen:.2f}" if seen else "-")
             if sampling == "greedy":
                 cells.append("yes" if g["identical"] else "NO")
             table.append(cells)
@@ -105,8 +125,15 @@ def summarise(report: dict) -> str:
                      "speedup over plain in parentheses\n")
         lines.append(format_table(header, table))
         lines.append("")
+    diverged = [r for r in report["rows"] if r.get("near_tie") is not None]
+    if diverged:
+        greedy_runs = [r for r in report["rows"] if r["sampling"] == "greedy" and "near_tie" in r]
+        lines.append(f"Greedy outputs diverging from plain greedy: {len(diverged)} of {len(greedy_runs)} runs; at a near-tie: "
+                     f"{sum(r['near_tie'] for r in diverged)} (adaptive.divergence: the target's gap between the two tokens within 4 ulps "
+                     "under both a 1-token and a k-token forward).\n")
     hw = report["hardware"]
-    lines.append(f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, {report['dtype']}.")
+    lines.append(f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, "
+                 f"draft {report.get('draft', '')}, {report['dtype']}.")
     return "\n".join(lines)
 
 
@@ -114,6 +141,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="smollm2-135m")
     parser.add_argument("--split", default="test")
+    parser.add_argument("--dtype", default="auto", help="auto (default: bfloat16 where the CPU multiplies it natively), float32 or bfloat16")
+    parser.add_argument("--draft", help="a draft folder for the pair's target (e.g. an EAGLE-3 head) instead of the pair's draft")
     parser.add_argument("--per-language", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.7])
