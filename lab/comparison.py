@@ -9,12 +9,9 @@ nothing but this comparison.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
 
 from adaptive.costmodel import expected_tokens, round_cost
 from adaptive.decoder import SpeculativeDecoder, generate_plain
@@ -26,6 +23,7 @@ from adaptive.traces import TraceSet
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
+from lab import live_protocol
 from lab.config import ExperimentConfig
 from lab.evaluation import (
     PromptRecord,
@@ -36,9 +34,9 @@ from lab.evaluation import (
     costmodel_depths,
     grid_search_splits,
     play,
+    records_gain,
     summarise,
 )
-from lab.memory import PeakMemory
 from lab.plots import plot_evaluation
 from lab.report import format_table
 from lab.tracking import Tracker
@@ -52,21 +50,22 @@ GRID_LIVE_FINALISTS = 3
 
 
 def candidates(
-    config: ExperimentConfig, profile: CostProfile, learned: list[str], grid_live_per_language: int = 0, new_tokens: int = 128
+    config: ExperimentConfig, profile: CostProfile, learned: list[str], grid_live_per_language: int = 0, new_tokens: int = 128, repeats: int = 2
 ) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
     """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen.
 
     Grid search ranks static depths in replay on the train and val traces; with ``grid_live_per_language``
-    the best few are then decoded live on val prompts and the fastest in wall clock is chosen."""
+    the best few are then decoded live on val prompts, and one replaces the replay choice only where the
+    live protocol says it is faster with a 95 % interval above 1."""
     depth = config.env.max_depth
     train, val = TraceSet.load(default_traces("train", config.pair)), TraceSet.load(default_traces("val", config.pair))
     ranked, speeds = grid_search_splits({"train": train, "val": val}, profile, depth, config.env.decision_seconds)
     fitted: dict = {f"grid_{name}": {"best": max(s, key=lambda g: (s[g], -g)), "speedups": s} for name, s in speeds.items()}
     fitted["grid_replay_best"] = ranked[0]
     if grid_live_per_language:
-        live = grid_live(config, sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens)
-        fitted["grid_live"] = live
-        fitted["grid_best"] = max(live, key=lambda g: (live[g], -g))
+        check = grid_live(config, ranked[0], sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens, repeats)
+        fitted["grid_live"] = check
+        fitted["grid_best"] = check["best"]
     else:
         fitted["grid_best"] = ranked[0]
     fitted["costmodel"] = costmodel_depths(train, profile, depth)
@@ -103,102 +102,38 @@ def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_dep
             for name, factory in policies.items()}
 
 
-def back_to_back(pair, ids: list[int], decoders: dict[str, Callable[[], object]], new_tokens: int) -> dict[str, tuple]:
-    """Plain decoding, then every decoder (factories of objects with ``generate(ids, new_tokens)``), on one
-    prompt: (GenerationResult, peak MiB) per name."""
-    runs = {}
-    with PeakMemory(pair.target.device) as peak:
-        result = generate_plain(pair.target, ids, new_tokens)
-    runs["plain"] = (result, peak.mib)
-    for name, factory in decoders.items():
-        decoder = factory()
-        with PeakMemory(pair.target.device) as peak:
-            result = decoder.generate(ids, new_tokens)
-        runs[name] = (result, peak.mib)
-    return runs
-
-
 def warm_pair(name: str):
     pair = load_pair(name)
     generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
     return pair
 
 
-def grid_live(config: ExperimentConfig, depths: list[int], per_language: int, new_tokens: int) -> dict[int, float]:
-    """Live speedup over plain decoding of each static depth on the first val prompts per language: the
-    median over prompts of each prompt's back-to-back ratio, so that one disturbed generation on this
-    shared machine cannot flip the choice."""
+def first_prompts(pair, split: str, per_language: int) -> tuple[list[dict], list[list[int]]]:
+    """The first ``per_language`` prompts of each language of a split, and their chat token ids."""
+    prompts = [prompt for lang in LANGUAGES for prompt in load_prompts(split, lang=lang)[:per_language]]
+    return prompts, [chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts]
+
+
+def grid_live(config: ExperimentConfig, replay_choice: int, finalists: list[int], per_language: int, new_tokens: int, repeats: int = 2) -> dict:
+    """Grid search's live check on val prompts: the finalists decoded with the live protocol; the replay
+    choice stands unless a finalist is faster than it with a 95 % interval above 1."""
     pair = warm_pair(config.pair)
-    policies = {g: (lambda g=g: make_policy(f"static:{g}")) for g in depths}
-    ratios: dict[int, list[float]] = {g: [] for g in depths}
-    for lang in LANGUAGES:
-        for prompt in load_prompts("val", lang=lang)[:per_language]:
-            runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), chain_decoders(pair, policies, config.env.max_depth), new_tokens)
-            plain = runs["plain"][0]
-            for g in depths:
-                result = runs[g][0]
-                ratios[g].append(len(result.token_ids) / result.total_time / (len(plain.token_ids) / plain.total_time))
-    return {g: statistics.median(values) for g, values in ratios.items()}
+    policies = {f"static:{g}": (lambda g=g: make_policy(f"static:{g}")) for g in finalists}
+    live = live_protocol.measure(pair.target, *first_prompts(pair, "val", per_language), chain_decoders(pair, policies, config.env.max_depth), new_tokens,
+                                 repeats, desc="grid search live check")
+    speedups = {g: live_protocol.compare(live, f"static:{g}", live_protocol.PLAIN) for g in finalists}
+    against = {g: live_protocol.compare(live, f"static:{g}", f"static:{replay_choice}") for g in finalists if g != replay_choice}
+    faster = [g for g, c in against.items() if c["verdict"] == "faster"]
+    best = max(faster, key=lambda g: against[g]["ratio"]) if faster else replay_choice
+    return {"speedups": speedups, "against_replay_choice": against, "best": best, "repeats": repeats, "prompts": len(live[live_protocol.PLAIN])}
 
 
-def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
-    """Plain decoding and every policy on the first test prompts per language, back to back per prompt."""
+def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int,
+                    repeats: int = 2) -> dict[str, list[dict]]:
+    """Plain decoding and every policy on the first test prompts per language, with the live protocol."""
     pair = warm_pair(config.pair)
-    return live_rows(pair, chain_decoders(pair, policies, config.env.max_depth), per_language, new_tokens)
-
-
-def live_rows(pair, decoders: dict[str, Callable[[], object]], per_language: int, new_tokens: int) -> dict[str, list[dict]]:
-    """Per decoder and test prompt (the first ``per_language`` per language): tokens, time, rounds, TTFT,
-    inter-token gaps, identical-to-plain and peak memory."""
-    results: dict[str, list[dict]] = {"plain": [], **{name: [] for name in decoders}}
-    for lang in LANGUAGES:
-        for prompt in load_prompts("test", lang=lang)[:per_language]:
-            runs = back_to_back(pair, chat_ids(pair.tokenizer, prompt["prompt"]), decoders, new_tokens)
-            plain = runs["plain"][0].token_ids
-            for name, (result, peak) in runs.items():
-                gaps = [r.total_time / r.emitted for r in result.rounds for _ in range(r.emitted)]
-                results[name].append({
-                    "lang": lang, "id": prompt["id"], "tokens": len(result.token_ids), "seconds": result.total_time,
-                    "rounds": len(result.rounds), "ttft": result.first_token_time, "gaps": gaps,
-                    "identical": result.token_ids == plain, "peak_mib": peak,
-                })
-    return results
-
-
-def _paired_interval(rows: list[dict], plain: list[dict], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of the speedup over plain, resampling prompts (rows and plain
-    rows are the same prompts in the same order)."""
-    tokens, seconds = np.array([r["tokens"] for r in rows], dtype=float), np.array([r["seconds"] for r in rows])
-    plain_tokens, plain_seconds = np.array([r["tokens"] for r in plain], dtype=float), np.array([r["seconds"] for r in plain])
-    picks = np.random.default_rng(seed).integers(0, len(rows), size=(resamples, len(rows)))
-    ratios = tokens[picks].sum(1) / seconds[picks].sum(1) / (plain_tokens[picks].sum(1) / plain_seconds[picks].sum(1))
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(low), float(high)
-
-
-def _live_summary(rows: list[dict], plain: list[dict]) -> dict:
-    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    plain_rate = sum(r["tokens"] for r in plain) / sum(r["seconds"] for r in plain)
-    gaps = np.array([g for r in rows for g in r["gaps"]])
-    low, high = _paired_interval(rows, plain)
-    return {
-        "tokens_per_second": tokens / seconds,
-        "speedup": tokens / seconds / plain_rate,
-        "low": low,
-        "high": high,
-        "tau": tokens / sum(r["rounds"] for r in rows),
-        "ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
-        "itl_ms": {f"p{q}": float(np.percentile(gaps, q) * 1e3) for q in (50, 95, 99)},
-        "seconds": seconds,
-        "identical": all(r["identical"] for r in rows),
-        "peak_mib": max((r["peak_mib"] for r in rows if r["peak_mib"] is not None), default=None),
-    }
-
-
-def summarise_live(live: dict[str, list[dict]]) -> dict:
-    """Per decoder and language (and all): the live summary, speedups against the plain rows."""
-    return {name: {lang: _live_summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live["plain"] if lang in (r["lang"], "all")])
-                   for lang in (*LANGUAGES, "all")} for name, rows in live.items()}
+    return live_protocol.measure(pair.target, *first_prompts(pair, "test", per_language), chain_decoders(pair, policies, config.env.max_depth), new_tokens,
+                                 repeats, desc="live test")
 
 
 def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
@@ -216,23 +151,25 @@ def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, ma
 
 
 def evaluate(
-    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1
+    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1,
+    repeats: int = 2,
 ) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     profile = CostProfile.load(config.env.profile)
-    policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens)
+    policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens, repeats)
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
     replay_rows, replay_data = replay_table(replay, profile.target_step_seconds, config.env.max_depth)
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
-    live = live_comparison(config, policies, live_per_language, new_tokens) if live_per_language else {}
-    live_data = summarise_live(live)
-    result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "test_prompts": len(test),
-              "live_per_language": live_per_language,
+    live = live_comparison(config, policies, live_per_language, new_tokens, repeats) if live_per_language else {}
+    live_data = live_protocol.summarise(live) if live else {}
+    gains = live_gains(live, policies) if live else {}
+    result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "live_gains": gains, "test_prompts": len(test),
+              "live_per_language": live_per_language, "repeats": repeats,
               "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
-    report = _report(result, replay_rows, test)
+    report = _report(result, replay_rows, test, replay)
     (out / "report.md").write_text(report)
 
     plot_evaluation(result, out / "plots")
@@ -255,49 +192,58 @@ def track_comparison(config: ExperimentConfig, out: Path, rows: list[list], repl
     tracker.finish()
 
 
-def live_report(live: dict) -> list[str]:
-    """Markdown lines of the live table."""
-    rows = []
-    for name, data in live.items():
-        d = data["all"]
-        interval = f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]"
-        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" for lang in LANGUAGES), interval, f"{d['tokens_per_second']:.1f}",
-                     f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{d['itl_ms']['p50']:.1f}/{d['itl_ms']['p95']:.1f}/{d['itl_ms']['p99']:.1f}",
-                     f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
-    return ["", "## Live: wall clock", "",
-            format_table(["policy", *LANGUAGES, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
-            "", "Peak MiB: the process's peak resident memory during the generation (both models included), or peak device memory on CUDA."]
+def live_gains(live: dict[str, list[dict]], policies: dict) -> dict:
+    """Live ratios with intervals: every learned policy against grid search's choice."""
+    grid = next(name for name in policies if name.startswith("grid search"))
+    return {f"{name} vs {grid}": live_protocol.compare(live, name, grid) for name in policies if name.startswith("learned")}
 
 
-def _report(result: dict, replay_rows: list[list], test: TraceSet) -> str:
+def _gain_line(label: str, gain: dict, where: str) -> str:
+    significance = "" if gain["verdict"] != "not significant" else ", not significant"
+    return f"- {label} ({where}): {gain['ratio'] - 1:+.1%} [{gain['low'] - 1:+.1%}, {gain['high'] - 1:+.1%}]{significance}"
+
+
+def _grid_line(fitted: dict) -> str:
+    line = f"Grid search: best in replay (train and val traces, mean of both) static:{fitted['grid_replay_best']}"
+    check = fitted.get("grid_live")
+    if check:
+        speeds = ", ".join(f"static:{g} {c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}]" for g, c in check["speedups"].items())
+        line += (f"; live check on {check['prompts']} val prompts ({check['repeats']}x each, speedup over plain: {speeds}) "
+                 + (f"overturned it: static:{fitted['grid_best']} is faster with an interval above 1; " if fitted["grid_best"] != fitted["grid_replay_best"]
+                    else "left it standing (no finalist faster with an interval above 1); "))
+    else:
+        line += "; "
+    return line + f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}."
+
+
+def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_records: dict[str, list[PromptRecord]]) -> str:
     fitted = result["fitted"]
     lines = [
         "# Evaluation",
         "",
         f"Test split: {result['test_prompts']} prompts (replay, greedy, exact acceptances, time from {result['profile']}); "
         f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock.",
-        f"Grid search: best in replay (train and val traces, mean of both) static:{fitted['grid_replay_best']}"
-        + (f"; live on val prompts (median per-prompt speedup: {', '.join(f'static:{g} {v:.2f}x' for g, v in fitted['grid_live'].items())}) "
-           f"chose static:{fitted['grid_best']}; "
-           if "grid_live" in fitted else "; ")
-        + f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}.",
+        _grid_line(fitted),
         "",
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
         "",
         format_table(["policy", *LANGUAGES, "all", "tau"], replay_rows),
     ]
     if result["live"]:
-        lines += live_report(result["live"])
-    lines += ["", "## Gains (replay, all languages)", ""]
+        lines += live_protocol.report(result["live"], result["repeats"])
+    lines += ["", "## Gains (all languages, [95 % paired bootstrap over prompts])", ""]
     replay = result["replay"]
     grid = next(n for n in replay if n.startswith("grid search"))
     default = next(n for n in replay if n.startswith("default static"))
-    lines.append(f"- parameter gain, grid search vs {default}: {replay[grid]['all']['speedup'] / replay[default]['all']['speedup'] - 1:+.1%}")
+    lines.append(_gain_line(f"parameter gain, grid search vs {default}", records_gain(replay_records[grid], replay_records[default]), "replay"))
     for name in replay:
         if name.startswith("learned"):
-            lines.append(f"- adaptivity gain, {name} vs grid search: {replay[name]['all']['speedup'] / replay[grid]['all']['speedup'] - 1:+.1%}")
+            lines.append(_gain_line(f"adaptivity gain, {name} vs grid search", records_gain(replay_records[name], replay_records[grid]), "replay"))
+            live_gain = result["live_gains"].get(f"{name} vs {grid}")
+            if live_gain:
+                lines.append(_gain_line(f"adaptivity gain, {name} vs grid search", live_gain, "live"))
             oracle = replay["oracle (replay only)"]["all"]["speedup"]
-            lines.append(f"- {name} reaches {replay[name]['all']['speedup'] / oracle:.1%} of the oracle")
+            lines.append(f"- {name} reaches {replay[name]['all']['speedup'] / oracle:.1%} of the oracle (replay)")
     shorter = [n for n in replay if replay[n]["all"]["speedup"] > replay[grid]["all"]["speedup"] and replay[n]["all"]["tau"] < replay[grid]["all"]["tau"]]
-    lines.append(f"- faster than grid search with a shorter τ: {', '.join(shorter) or 'none'}")
+    lines.append(f"- faster than grid search with a shorter τ (replay): {', '.join(shorter) or 'none'}")
     return "\n".join(lines) + "\n"

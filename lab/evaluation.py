@@ -74,6 +74,36 @@ def summarise(records: Sequence[PromptRecord], step_seconds: float, resamples: i
     return Summary(int(tokens.sum()), float(seconds.sum()), float(speedup), float(low), float(high), float(tokens.sum() / rounds))
 
 
+def paired_ratio(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(ratio, low, high): the rate Σ tokens / Σ seconds of ``a`` over that of ``b`` — (tokens, seconds) per
+    prompt, the same prompts in the same order — and its 95 % percentile interval from a paired bootstrap
+    over prompts (a resample keeps both runs of a prompt together)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired ratios need the same prompts on both sides, got {len(a)} and {len(b)}")
+    (ta, sa), (tb, sb) = (np.array(x, dtype=float).T for x in (a, b))
+    picks = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    ratios = ta[picks].sum(1) / sa[picks].sum(1) / (tb[picks].sum(1) / sb[picks].sum(1))
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(ta.sum() / sa.sum() / (tb.sum() / sb.sum())), float(low), float(high)
+
+
+def verdict(low: float, high: float) -> str:
+    """How a 95 % interval of a ratio reads: faster, slower, or not significant (it covers 1)."""
+    if low > 1.0:
+        return "faster"
+    if high < 1.0:
+        return "slower"
+    return "not significant"
+
+
+def records_gain(a: Sequence[PromptRecord], b: Sequence[PromptRecord]) -> dict:
+    """Replay: policy ``a`` against policy ``b`` on the same prompts (ratio, interval, verdict)."""
+    if [r.prompt for r in a] != [r.prompt for r in b]:
+        raise ValueError("records of two policies must cover the same prompts in the same order")
+    ratio, low, high = paired_ratio([(r.tokens, r.seconds) for r in a], [(r.tokens, r.seconds) for r in b])
+    return {"ratio": ratio, "low": low, "high": high, "verdict": verdict(low, high)}
+
+
 def records_speedup(records: Sequence[PromptRecord], step_seconds: float) -> float:
     """Σ tokens / Σ seconds of a set of generations, in units of plain decoding."""
     return throughput_speedup(sum(r.tokens for r in records), sum(r.seconds for r in records), step_seconds)

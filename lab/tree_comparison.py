@@ -25,7 +25,8 @@ from adaptive.workload import LANGUAGES
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from envs.tree_replay import TreeReplayBackend
-from lab.comparison import live_report, live_rows, replay_table, summarise_live, track_comparison, warm_pair
+from lab import live_protocol
+from lab.comparison import first_prompts, replay_table, track_comparison, warm_pair
 from lab.config import ExperimentConfig
 from lab.evaluation import PromptRecord, grid_search_splits, play, static_speedups
 from lab.plots import plot_speedups
@@ -55,7 +56,8 @@ def tree_grid(
 
 
 def evaluate_trees(
-    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 1, new_tokens: int = 128, sizes: tuple[int, ...] = SIZES
+    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 1, new_tokens: int = 128, sizes: tuple[int, ...] = SIZES,
+    repeats: int = 2,
 ) -> dict:
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -104,8 +106,12 @@ def evaluate_trees(
                 decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=p.schema.max_depth)
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
     rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
-    live = summarise_live(live_rows(pair, decoders, live_per_language, new_tokens)) if pair is not None else {}
+    live = {}
+    if pair is not None:
+        prompts, ids = first_prompts(pair, "test", live_per_language)
+        live = live_protocol.summarise(live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test"))
     result = {"fitted": fitted, "replay": replay_data, "live": live, "test_prompts": len(test_chain), "live_per_language": live_per_language,
+              "repeats": repeats,
               "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     (out / "report.md").write_text(_report(result, rows))
@@ -135,5 +141,5 @@ def _report(result: dict, rows: list[list]) -> str:
         format_table(["policy", *LANGUAGES, "all", "tau"], rows),
     ]
     if result["live"]:
-        lines += live_report(result["live"])
+        lines += live_protocol.report(result["live"], result["repeats"])
     return "\n".join(lines) + "\n"

@@ -45,8 +45,10 @@ def test_grid_search_confirms_its_finalists_live_on_val_prompts():
     from lab.comparison import grid_live
 
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
-    speedups = grid_live(config, [1, 3], per_language=1, new_tokens=12)
-    assert set(speedups) == {1, 3} and all(0.1 < v < 5.0 for v in speedups.values())
+    check = grid_live(config, 1, [1, 3], per_language=1, new_tokens=12, repeats=1)
+    assert set(check["speedups"]) == {1, 3} and all(0.1 < c["ratio"] < 5.0 for c in check["speedups"].values())
+    assert set(check["against_replay_choice"]) == {3} and check["prompts"] == 4
+    assert check["best"] == (3 if check["against_replay_choice"][3]["verdict"] == "faster" else 1)
 
 
 def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_path):

@@ -1,0 +1,120 @@
+"""Live wall-clock comparisons that survive a noisy machine.
+
+For each prompt, plain decoding and every decoder run back to back in an order that rotates from one
+(prompt, repeat) to the next, so no configuration always runs first or last; each runs ``repeats`` times
+per prompt and keeps the median time. Speedups are ratios of rates over the same prompts; their 95 %
+intervals come from a paired bootstrap over prompts (each resample keeps every configuration's run of a
+prompt together), and a ratio whose interval covers 1 is reported as "not significant".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from adaptive.decoder import generate_plain
+from adaptive.workload import LANGUAGES
+from lab.evaluation import paired_ratio, verdict
+from lab.memory import PeakMemory
+from lab.report import format_table
+
+PLAIN = "plain"
+
+
+def rotation(names: Sequence[str], turn: int) -> list[str]:
+    """``names`` rotated left by ``turn`` places (mod their number)."""
+    k = turn % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def measure(target, prompts: Sequence[dict], prompt_ids: Sequence[list[int]], decoders: dict[str, Callable[[], object]], new_tokens: int,
+            repeats: int = 2, desc: str = "live") -> dict[str, list[dict]]:
+    """Plain decoding of ``target`` and every decoder (factories of objects with ``generate(ids, n)``) on
+    each prompt (workload rows with ``id`` and ``lang``; ``prompt_ids``: their token ids).
+
+    Per configuration (``plain`` and each decoder's name) one row per prompt: tokens, the median
+    seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them), rounds, TTFT,
+    inter-token gaps of the median run, whether the output equals plain's, peak memory. A progress bar
+    over generations shows the time left."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = [PLAIN, *decoders]
+    results: dict[str, list[dict]] = {name: [] for name in names}
+    with tqdm(total=len(prompts) * repeats * len(names), desc=desc, unit="generation") as progress:
+        for index, (prompt, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
+            runs: dict[str, list] = {name: [] for name in names}
+            for repeat in range(repeats):
+                for name in rotation(names, index * repeats + repeat):
+                    with PeakMemory(target.device) as peak:
+                        result = generate_plain(target, ids, new_tokens) if name == PLAIN else decoders[name]().generate(ids, new_tokens)
+                    runs[name].append((result, peak.mib))
+                    progress.update()
+            plain_tokens = runs[PLAIN][0][0].token_ids
+            for name, done in runs.items():
+                results[name].append(_row(prompt, done, plain_tokens))
+    return results
+
+
+def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:
+    ordered = sorted(runs, key=lambda run: run[0].total_time)
+    median, _ = ordered[(len(ordered) - 1) // 2]
+    return {
+        "lang": prompt["lang"], "id": prompt["id"], "tokens": len(median.token_ids), "seconds": statistics.median(r.total_time for r, _ in runs),
+        "seconds_runs": [r.total_time for r, _ in runs], "rounds": len(median.rounds), "ttft": statistics.median(r.first_token_time for r, _ in runs),
+        "gaps": [r.total_time / r.emitted for r in median.rounds for _ in range(r.emitted)],
+        "identical": all(r.token_ids == plain_tokens for r, _ in runs),
+        "peak_mib": max((mib for _, mib in runs if mib is not None), default=None),
+    }
+
+
+def ratio_interval(rows: list[dict], baseline: list[dict]) -> tuple[float, float, float]:
+    """(ratio, low, high) of the rate of ``rows`` over that of ``baseline`` (same prompts, same order)."""
+    if [r["id"] for r in rows] != [r["id"] for r in baseline]:
+        raise ValueError("paired rows must hold the same prompts in the same order")
+    return paired_ratio([(r["tokens"], r["seconds"]) for r in rows], [(r["tokens"], r["seconds"]) for r in baseline])
+
+
+def summary(rows: list[dict], plain: list[dict]) -> dict:
+    """One configuration's live numbers against plain decoding on the same prompts."""
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    gaps = np.array([g for r in rows for g in r["gaps"]])
+    speedup, low, high = ratio_interval(rows, plain)
+    return {
+        "tokens_per_second": tokens / seconds, "speedup": speedup, "low": low, "high": high, "verdict": verdict(low, high),
+        "tau": tokens / max(1, sum(r["rounds"] for r in rows)), "ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
+        "itl_ms": {f"p{q}": float(np.percentile(gaps, q) * 1e3) for q in (50, 95, 99)} if len(gaps) else {},
+        "seconds": seconds, "identical": all(r["identical"] for r in rows),
+        "peak_mib": max((r["peak_mib"] for r in rows if r["peak_mib"] is not None), default=None),
+    }
+
+
+def summarise(live: dict[str, list[dict]]) -> dict:
+    """Per configuration and language (those measured, and all): :func:`summary` against the plain rows."""
+    measured = [lang for lang in (*LANGUAGES, "all") if any(lang in (r["lang"], "all") for r in live[PLAIN])]
+    return {name: {lang: summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live[PLAIN] if lang in (r["lang"], "all")])
+                   for lang in measured} for name, rows in live.items()}
+
+
+def compare(live: dict[str, list[dict]], name: str, reference: str) -> dict:
+    """``name`` against ``reference`` on the same prompts: ratio, 95 % interval and verdict."""
+    ratio, low, high = ratio_interval(live[name], live[reference])
+    return {"ratio": ratio, "low": low, "high": high, "verdict": verdict(low, high)}
+
+
+def report(live: dict, repeats: int) -> list[str]:
+    """Markdown lines of the live table (speedup over plain per language; all languages with its interval)."""
+    rows = []
+    for name, data in live.items():
+        d = data["all"]
+        interval = f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]" + (" n.s." if d["verdict"] == "not significant" and name != PLAIN else "")
+        itl = d["itl_ms"]
+        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" if lang in data else "-" for lang in LANGUAGES), interval, f"{d['tokens_per_second']:.1f}",
+                     f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{itl['p50']:.1f}/{itl['p95']:.1f}/{itl['p99']:.1f}" if itl else "-",
+                     f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
+    return ["", f"## Live: wall clock (each prompt {repeats}x per configuration, rotating order, medians; [95 % paired bootstrap over prompts])", "",
+            format_table(["policy", *LANGUAGES, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
+            "", "n.s.: not significant (the interval covers 1). Peak MiB: the process's peak resident memory during the generation "
+            "(both models included), or peak device memory on CUDA."]

@@ -1,0 +1,84 @@
+"""The live measurement protocol on a tiny pair: rotating order, repeats and medians, paired intervals and
+their wording (no timing assertions)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from adaptive.decoder import SpeculativeDecoder
+from lab import live_protocol
+from lab.evaluation import paired_ratio, verdict
+from policies import make_policy
+
+PROMPTS = [{"id": "a", "lang": "en"}, {"id": "b", "lang": "it"}, {"id": "c", "lang": "en"}]
+IDS = [[1, 4, 6, 2], [9, 2, 2, 5, 11], [3, 7]]
+
+
+class Logged:
+    """A real decoder that notes, in a shared log, when it generates."""
+
+    def __init__(self, name: str, decoder, log: list[str]) -> None:
+        self.name, self.decoder, self.log = name, decoder, log
+
+    def generate(self, ids, new_tokens):
+        self.log.append(self.name)
+        return self.decoder.generate(ids, new_tokens)
+
+
+def test_rotation_puts_every_configuration_first_equally_often():
+    names = ["plain", "x", "y"]
+    assert [live_protocol.rotation(names, t) for t in range(3)] == [["plain", "x", "y"], ["x", "y", "plain"], ["y", "plain", "x"]]
+    firsts = [live_protocol.rotation(names, t)[0] for t in range(9)]
+    assert all(firsts.count(name) == 3 for name in names)
+
+
+def test_measure_rotates_repeats_and_keeps_medians(target, near_draft):
+    log: list[str] = []
+    decoders = {
+        name: (lambda name=name, depth=depth: Logged(name, SpeculativeDecoder(target, near_draft, make_policy(f"static:{depth}")), log))
+        for name, depth in (("static:1", 1), ("static:3", 3))
+    }
+    live = live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=12, repeats=3)
+    assert set(live) == {"plain", "static:1", "static:3"}
+    # orders plain,1,3 / 1,3,plain / 3,plain,1 / ... (plain is not logged)
+    assert log[:6] == ["static:1", "static:3", "static:1", "static:3", "static:3", "static:1"]
+    assert len(log) == 2 * 3 * len(PROMPTS)
+    for rows in live.values():
+        assert [r["id"] for r in rows] == ["a", "b", "c"]
+        for row in rows:
+            assert len(row["seconds_runs"]) == 3 and row["seconds"] == statistics.median(row["seconds_runs"])
+            assert row["identical"] and row["tokens"] == 12
+    summary = live_protocol.summarise(live)
+    assert summary["plain"]["all"]["speedup"] == pytest.approx(1.0)
+    assert summary["static:3"]["all"]["low"] <= summary["static:3"]["all"]["speedup"] <= summary["static:3"]["all"]["high"]
+    with pytest.raises(ValueError, match="repeats"):
+        live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=4, repeats=0)
+
+
+def test_paired_intervals_and_their_wording():
+    base = [(10, 1.0), (10, 2.0), (10, 1.5), (10, 1.2)]
+    twice = [(t, s / 2) for t, s in base]
+    ratio, low, high = paired_ratio(twice, base)
+    assert ratio == pytest.approx(2.0) and low == pytest.approx(2.0) and high == pytest.approx(2.0)
+    assert verdict(low, high) == "faster" and verdict(0.5, 0.9) == "slower" and verdict(0.9, 1.1) == "not significant"
+    mixed = [(10, 0.5), (10, 4.0), (10, 0.75), (10, 2.4)]  # faster on two prompts, slower on two
+    ratio, low, high = paired_ratio(mixed, base)
+    assert low < 1.0 < high and verdict(low, high) == "not significant"
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_ratio(mixed[:3], base)
+
+
+def test_the_report_marks_intervals_that_cover_one():
+    def rows(seconds):
+        return [{"id": str(i), "lang": lang, "tokens": 10, "seconds": s, "rounds": 5, "ttft": 0.01, "gaps": [s / 10] * 10, "identical": True,
+                 "peak_mib": None} for i, (lang, s) in enumerate(zip(["it", "en", "zh", "es"] * 2, seconds))]
+
+    live = {"plain": rows([1, 1, 1, 1, 1, 1, 1, 1]), "fast": rows([0.5] * 8), "noisy": rows([0.5, 2, 0.6, 1.8, 0.5, 2, 0.6, 1.8])}
+    summary = live_protocol.summarise(live)
+    assert summary["fast"]["all"]["verdict"] == "faster" and summary["noisy"]["all"]["verdict"] == "not significant"
+    text = "\n".join(live_protocol.report(summary, repeats=2))
+    assert "| noisy" in text and "n.s." in text.split("| noisy")[1].split("\n")[0]
+    assert "n.s." not in text.split("| fast")[1].split("\n")[0]
+    assert "each prompt 2x per configuration, rotating order" in text
