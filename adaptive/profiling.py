@@ -72,22 +72,14 @@ def _draft_after(target, draft, context: list[int]) -> CachedModel | HeadSession
     return session
 
 
-def _time_forward(
-    model: CachedModel | HeadSession, context: list[int], tokens: list[int], repetitions: int, clock: Clock, tree_mask: bool = False
-) -> list[float]:
-    """Seconds of feeding ``tokens`` after a cached ``context``, rolled back after each repetition."""
-    if model.length != len(context):
-        model.reset()
-        model.forward(context)
-    _feed(model, tokens, tree_mask)  # warm-up at this shape
-    model.rollback(len(context))
-    times = []
-    for _ in range(repetitions):
-        start = clock()
-        _feed(model, tokens, tree_mask)
-        times.append(clock() - start)
-        model.rollback(len(context))
-    return times
+def _timed_call(model: CachedModel | HeadSession, tokens: list[int], clock: Clock, tree_mask: bool = False) -> float:
+    """Seconds of feeding ``tokens`` after the model's cached context, rolled back after."""
+    length = model.length
+    start = clock()
+    _feed(model, tokens, tree_mask)
+    seconds = clock() - start
+    model.rollback(length)
+    return seconds
 
 
 def profile_pair(
@@ -107,7 +99,8 @@ def profile_pair(
         max_verify: largest number of tokens fed to the target in one verification.
         contexts: context lengths (tokens already cached) to measure at.
         reference_context: the context at which ``c`` and ``g`` are summarised.
-        repetitions: timed repetitions per point (after one warm-up).
+        repetitions: timed repetitions per point (after one warm-up): sweeps over every point in turn, so
+            that a disturbance of the machine spreads over all points instead of skewing one.
         tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask).
     """
     if reference_context not in contexts:
@@ -117,21 +110,25 @@ def profile_pair(
     vocab = target.config.vocab_size
     target_cache = CachedModel(target, taps=target_taps(draft))  # verification keeps what the draft reads, as in decoding
     result: dict = {"contexts": list(contexts), "reference_context": reference_context, "repetitions": repetitions,
-                    "verify_mask": "tree" if tree_mask else "causal"}
+                    "verify_mask": "tree" if tree_mask else "causal", "order": "interleaved"}
     result["draft_step"], result["verify"] = {}, {}
-    work = [(ctx, n) for ctx in contexts for n in range(0, max_verify + 1)]
-    with tqdm(total=len(work), desc="profile", unit="point") as progress:
+    with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:
             context = torch.randint(0, vocab, (ctx,), generator=generator).tolist()
             new = torch.randint(0, vocab, (max_verify,), generator=generator).tolist()
+            target_cache.reset()
+            target_cache.forward(context)
             draft_cache = _draft_after(target, draft, context)
-            result["draft_step"][str(ctx)] = _summary(_time_forward(draft_cache, context, new[:1], repetitions, clock))
-            progress.update()
-            result["verify"][str(ctx)] = {}
-            for n in range(1, max_verify + 1):
-                times = _time_forward(target_cache, context, new[:n], repetitions, clock, tree_mask)
-                result["verify"][str(ctx)][str(n)] = _summary(times)
+            points = [(draft_cache, new[:1], False)] + [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)]
+            times: list[list[float]] = [[] for _ in points]
+            for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
+                for index, (model, tokens, masked) in enumerate(points):
+                    seconds = _timed_call(model, tokens, clock, masked)
+                    if sweep:
+                        times[index].append(seconds)
                 progress.update()
+            result["draft_step"][str(ctx)] = _summary(times[0])
+            result["verify"][str(ctx)] = {str(n): _summary(times[n]) for n in range(1, max_verify + 1)}
     summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")

@@ -105,9 +105,10 @@ def make_live_env(
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
+    dtype: str = "float32",
 ) -> SpecDecodeEnv:
-    """Live env over a named pair and a workload split (chat-formatted prompts)."""
-    loaded = load_pair(pair)
+    """Live env over a named pair (at ``dtype``) and a workload split (chat-formatted prompts)."""
+    loaded = load_pair(pair, dtype)
     decoder = SpeculativeDecoder(
         loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth
     )

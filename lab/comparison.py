@@ -14,17 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from adaptive.costmodel import expected_tokens, round_cost
-from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.learned_policy import load_policy
-from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
 from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
-from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from adaptive.workload import LANGUAGES
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from lab import live_protocol
 from lab.config import ExperimentConfig
+from lab.environments import resolve_profile
 from lab.evaluation import (
     PromptRecord,
     Summary,
@@ -96,31 +95,12 @@ def replay_comparison(
     return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
 
 
-def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:
-    """Factories of chain decoders, one per policy factory."""
-    return {name: (lambda f=factory: SpeculativeDecoder(pair.target, pair.draft, f(), tokenizer=pair.tokenizer, max_depth=max_depth))
-            for name, factory in policies.items()}
-
-
-def warm_pair(name: str):
-    pair = load_pair(name)
-    generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
-    return pair
-
-
-def first_prompts(pair, split: str, per_language: int) -> tuple[list[dict], list[list[int]]]:
-    """The first ``per_language`` prompts of each language of a split, and their chat token ids."""
-    prompts = [prompt for lang in LANGUAGES for prompt in load_prompts(split, lang=lang)[:per_language]]
-    return prompts, [chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts]
-
-
 def grid_live(config: ExperimentConfig, replay_choice: int, finalists: list[int], per_language: int, new_tokens: int, repeats: int = 2) -> dict:
     """Grid search's live check on val prompts: the finalists decoded with the live protocol; the replay
     choice stands unless a finalist is faster than it with a 95 % interval above 1."""
-    pair = warm_pair(config.pair)
+    pair = live_protocol.warm_pair(config.pair, config.dtype)
     policies = {f"static:{g}": (lambda g=g: make_policy(f"static:{g}")) for g in finalists}
-    live = live_protocol.measure(pair.target, *first_prompts(pair, "val", per_language), chain_decoders(pair, policies, config.env.max_depth), new_tokens,
-                                 repeats, desc="grid search live check")
+    live = live_protocol.measure_policies(pair, "val", per_language, policies, config.env.max_depth, new_tokens, repeats, "grid search live check")
     speedups = {g: live_protocol.compare(live, f"static:{g}", live_protocol.PLAIN) for g in finalists}
     against = {g: live_protocol.compare(live, f"static:{g}", f"static:{replay_choice}") for g in finalists if g != replay_choice}
     faster = [g for g, c in against.items() if c["verdict"] == "faster"]
@@ -131,9 +111,8 @@ def grid_live(config: ExperimentConfig, replay_choice: int, finalists: list[int]
 def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int,
                     repeats: int = 2) -> dict[str, list[dict]]:
     """Plain decoding and every policy on the first test prompts per language, with the live protocol."""
-    pair = warm_pair(config.pair)
-    return live_protocol.measure(pair.target, *first_prompts(pair, "test", per_language), chain_decoders(pair, policies, config.env.max_depth), new_tokens,
-                                 repeats, desc="live test")
+    pair = live_protocol.warm_pair(config.pair, config.dtype)
+    return live_protocol.measure_policies(pair, "test", per_language, policies, config.env.max_depth, new_tokens, repeats, "live test")
 
 
 def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
@@ -154,8 +133,10 @@ def evaluate(
     config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1,
     repeats: int = 2,
 ) -> dict:
-    """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
+    """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out`` (and the
+    profile, when ``auto`` measures one on this machine first)."""
     out.mkdir(parents=True, exist_ok=True)
+    resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
     policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens, repeats)
     test = TraceSet.load(default_traces("test", config.pair))

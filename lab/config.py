@@ -27,7 +27,9 @@ class EnvConfig:
     """replay | synthetic | live"""
     traces: str = "train"
     """replay: a shipped split name (train, val) or a trace file"""
-    profile: str = "profiles/smollm2-135m.json"
+    profile: str = "auto"
+    """a cost profile file (replay time, evaluation), or auto: measure a short one of the pair on this machine at
+    start and keep it in the run or evaluation folder"""
     max_depth: int = 8
     decision_seconds: float = 1e-4
     alphas: list[float] = field(default_factory=lambda: [0.7])
@@ -66,6 +68,8 @@ class EnvConfig:
         _one_of(f"{where}.split", self.split, ("train", "val", "test"))
         _at_least(f"{where}.temperature", self.temperature, 0.0)
         _at_least(f"{where}.tree_size", self.tree_size, 1)
+        if self.profile != "auto" and self.backend != "synthetic" and not Path(self.profile).is_file():
+            raise ConfigError(f"{where}.profile must be auto or an existing profile file (adaptive profile --out FILE), got {self.profile!r}")
         if self.tree and self.backend != "replay":
             raise ConfigError(f"{where}.tree needs {where}.backend replay (tree mode is greedy-only and replayed from tree traces), got {self.backend!r}")
 
@@ -137,6 +141,9 @@ class ExperimentConfig:
     name: str = "experiment"
     seed: int = 0
     pair: str = "smollm2-135m"
+    dtype: str = "float32"
+    """the pair's precision for live decoding and measured profiles: float32, bfloat16, float16 or auto (bfloat16 where
+    this machine multiplies it natively); the shipped traces and profiles were recorded at float32"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)
@@ -155,6 +162,7 @@ class ExperimentConfig:
             raise ConfigError(f"name must be a non-empty string without '/', got {self.name!r}")
         if self.init_from is not None and not (Path(self.init_from) / "checkpoints").is_dir():
             raise ConfigError(f"init_from must be a training run folder with checkpoints/, got {self.init_from!r}")
+        _one_of("dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         _at_least("checkpoint_every", self.checkpoint_every, 1)
         _at_least("eval_episodes", self.eval_episodes, 1)
         self.env.validate("env")

@@ -3,13 +3,52 @@ replay evaluation of a policy in it against every static depth and the oracle.""
 
 from __future__ import annotations
 
+import logging
+import time
+from pathlib import Path
+
+from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
 from adaptive.profile import CostProfile
+from adaptive.profiling import profile_pair
 from envs.env import SpecDecodeEnv
 from envs.factory import make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
 from lab.config import ExperimentConfig
 from lab.evaluation import play, records_speedup, static_sweep
 from policies.oracle import OraclePolicy
+
+log = logging.getLogger(__name__)
+
+
+AUTO = "auto"
+QUICK_CONTEXTS = (64, 128, 256)
+"""Contexts a measured-at-start profile covers (replay interpolates between them)."""
+
+
+def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None) -> Path:
+    """A short profile of the config's pair on this machine (interleaved sweeps, medians; well under a
+    minute at bf16), saved as ``folder/profile.json``: draft step and verification of 1 to ``max_verify``
+    tokens (default: the depth cap + 1, or the tree size + 1 for tree configs) at three contexts."""
+    env = config.env
+    if max_verify is None:
+        max_verify = max(env.max_depth, env.tree_size if env.tree else 0) + 1
+    pair = load_pair(config.pair, config.dtype)
+    start = time.perf_counter()
+    profile = profile_pair(pair.target, pair.draft, max_verify=max_verify, contexts=QUICK_CONTEXTS, reference_context=128, repetitions=5,
+                           tree_mask=env.tree)
+    profile = profile.with_metadata(measured_for=config.name, measure_seconds=round(time.perf_counter() - start, 1))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "profile.json"
+    profile.save(path)
+    log.info("measured a cost profile of %s on this machine in %.0f s: target step %.1f ms, c %.3f -> %s",
+             config.pair, time.perf_counter() - start, profile.target_step_seconds * 1e3, profile.c, path)
+    return path
+
+
+def resolve_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None) -> None:
+    """Point ``config.env.profile`` at a file: an ``auto`` profile is measured now into ``folder``."""
+    if config.env.profile == AUTO and config.env.backend != "synthetic":
+        config.env.profile = str(measure_profile(config, folder, max_verify))
 
 
 def run_profile(config: ExperimentConfig) -> CostProfile | None:
@@ -29,7 +68,8 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
         return make_synthetic_env(
             env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds
         )
-    return make_live_env(config.pair, env.split, profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds)
+    return make_live_env(config.pair, env.split, profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds,
+                         dtype=config.dtype)
 
 
 def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile | None) -> dict[str, dict]:

@@ -15,13 +15,33 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from adaptive.decoder import generate_plain
-from adaptive.workload import LANGUAGES
+from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.pair import load_pair
+from adaptive.policy import DraftPolicy
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
 from lab.report import format_table
 
 PLAIN = "plain"
+
+
+def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:
+    """Factories of chain decoders, one per policy factory."""
+    return {name: (lambda f=factory: SpeculativeDecoder(pair.target, pair.draft, f(), tokenizer=pair.tokenizer, max_depth=max_depth))
+            for name, factory in policies.items()}
+
+
+def warm_pair(name: str, dtype: str = "float32"):
+    pair = load_pair(name, dtype)
+    generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
+    return pair
+
+
+def first_prompts(pair, split: str, per_language: int) -> tuple[list[dict], list[list[int]]]:
+    """The first ``per_language`` prompts of each language of a split, and their chat token ids."""
+    prompts = [prompt for lang in LANGUAGES for prompt in load_prompts(split, lang=lang)[:per_language]]
+    return prompts, [chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts]
 
 
 def rotation(names: Sequence[str], turn: int) -> list[str]:
@@ -56,6 +76,13 @@ def measure(target, prompts: Sequence[dict], prompt_ids: Sequence[list[int]], de
             for name, done in runs.items():
                 results[name].append(_row(prompt, done, plain_tokens))
     return results
+
+
+def measure_policies(pair, split: str, per_language: int, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int, new_tokens: int,
+                     repeats: int = 2, desc: str = "live") -> dict[str, list[dict]]:
+    """:func:`measure` of chain decoders with each policy on the first ``per_language`` prompts per language of a split."""
+    prompts, ids = first_prompts(pair, split, per_language)
+    return measure(pair.target, prompts, ids, chain_decoders(pair, policies, max_depth), new_tokens, repeats, desc)
 
 
 def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:

@@ -15,7 +15,7 @@ import yaml
 from adaptive.learned_policy import load_policy
 from adaptive.profile import CostProfile
 from lab.config import ExperimentConfig, config_from_dict
-from lab.environments import evaluate
+from lab.environments import AUTO, evaluate
 from lab.training import train
 
 
@@ -31,7 +31,8 @@ def retarget_config(config: ExperimentConfig, run: Path, profile: str, timesteps
 
 
 def retarget(run: str | Path, profile: str, timesteps: int, out: str | Path) -> dict:
-    """Evaluate the run's policy under ``profile``, re-train it briefly into ``out``, evaluate again.
+    """Re-train the run's policy briefly into ``out`` under ``profile`` (a file, or auto: this machine,
+    measured now into ``out``), and evaluate the old policy, every static depth and the oracle under it.
 
     Returns (and writes to ``out/retarget.json``) the speedups of the old policy, the re-trained one, the
     best static depth and the oracle under the new profile, and the re-training's gain over the old policy.
@@ -40,11 +41,12 @@ def retarget(run: str | Path, profile: str, timesteps: int, out: str | Path) -> 
     original = config_from_dict(yaml.safe_load((run / "config.yaml").read_text()))
     if original.env.backend != "replay":
         raise ValueError(f"retargeting replays traces; run {run} was trained on the {original.env.backend!r} backend")
-    if not Path(profile).is_file():
-        raise ValueError(f"profile {profile} does not exist (write one with: adaptive profile --out {profile})")
+    if profile != AUTO and not Path(profile).is_file():
+        raise ValueError(f"profile {profile} does not exist (write one with: adaptive profile --out {profile}, or give auto)")
     config = retarget_config(original, run, profile, timesteps)
+    train(config, out)  # resolves an auto profile into out/profile.json
+    profile = config.env.profile
     before = evaluate(config, load_policy(run / "final"), CostProfile.load(profile))
-    train(config, out)
     after = json.loads((out / "evaluation.json").read_text())
     statics = {name: v["speedup"] for name, v in before.items() if name.startswith("static:")}
     best_static = max(statics, key=lambda name: statics[name])

@@ -36,7 +36,7 @@ from adaptive.tree_traces import TreeTraceSet
 from envs.factory import default_traces
 from envs.synthetic import SYNTHETIC_STEP_SECONDS, SyntheticBackend
 from lab.config import ExperimentConfig, config_from_dict
-from lab.environments import evaluate, make_env, run_profile
+from lab.environments import evaluate, make_env, resolve_profile, run_profile
 from lab.plots import plot_training
 from lab.ppo import export_sb3, load_ppo, new_ppo
 from lab.tracking import Tracker
@@ -237,9 +237,11 @@ class TrainingRun:
 
 
 def train(config: ExperimentConfig, folder: str | Path) -> Path:
-    """Train into a new run folder; returns the final policy folder."""
+    """Train into a new run folder; returns the final policy folder. A profile ``auto`` is measured on this
+    machine first and kept in the folder (``config.yaml`` then names that file, so a resumed run uses it)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=False)
+    resolve_profile(config, folder)
     (folder / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     torch.manual_seed(config.seed)
     run = TrainingRun(config, folder)

@@ -26,8 +26,9 @@ from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from envs.tree_replay import TreeReplayBackend
 from lab import live_protocol
-from lab.comparison import first_prompts, replay_table, track_comparison, warm_pair
+from lab.comparison import replay_table, track_comparison
 from lab.config import ExperimentConfig
+from lab.environments import resolve_profile
 from lab.evaluation import PromptRecord, grid_search_splits, play, static_speedups
 from lab.plots import plot_speedups
 from lab.report import format_table
@@ -61,6 +62,7 @@ def evaluate_trees(
 ) -> dict:
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
+    resolve_profile(config, out, max_verify=max(sizes) + 1)
     profile = CostProfile.load(config.env.profile)
     depth, seconds = config.env.max_depth, config.env.decision_seconds
     chains = {split: TraceSet.load(default_traces(split, config.pair)) for split in ("train", "val", "test")}
@@ -81,7 +83,7 @@ def evaluate_trees(
             tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds
         ),
     }
-    pair = warm_pair(config.pair) if live_per_language else None
+    pair = live_protocol.warm_pair(config.pair, config.dtype) if live_per_language else None
     decoders: dict[str, Callable[[], object]] = {}
     if pair is not None:
         decoders[f"chain grid (static:{chain_best})"] = lambda: SpeculativeDecoder(pair.target, pair.draft, StaticDepth(chain_best), max_depth=depth)
@@ -108,7 +110,7 @@ def evaluate_trees(
     rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
     live = {}
     if pair is not None:
-        prompts, ids = first_prompts(pair, "test", live_per_language)
+        prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
         live = live_protocol.summarise(live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test"))
     result = {"fitted": fitted, "replay": replay_data, "live": live, "test_prompts": len(test_chain), "live_per_language": live_per_language,
               "repeats": repeats,

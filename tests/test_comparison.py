@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(tmp_path):
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     config.tracking.wandb = "disabled"
+    config.env.profile = str(ROOT / "profiles" / "smollm2-135m.json")  # the README's numbers; auto would measure this machine
     result = evaluate(config, [], tmp_path, live_per_language=0, grid_live_per_language=0)
     replay = result["replay"]
     grid = next(name for name in replay if name.startswith("grid search"))
@@ -55,6 +56,7 @@ def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_pat
     from lab.tree_comparison import evaluate_trees
 
     config = load_config(ROOT / "experiments" / "tree.yaml")
+    config.env.profile = str(ROOT / "profiles" / "smollm2-135m-tree.json")
     config.env.max_depth = 2
     result = evaluate_trees(config, [], tmp_path, live_per_language=0, sizes=(1, 2, 4))
     replay, fitted = result["replay"], result["fitted"]
@@ -64,3 +66,18 @@ def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_pat
     assert max(fitted["tree_grid"].values()) == fitted["tree_grid"][f"{fitted['tree_best']['depth']},{fitted['tree_best']['size']}"]
     assert replay[tree]["all"]["tokens"] == replay[chain]["all"]["tokens"]  # same greedy outputs
     assert "trees vs chains" in (tmp_path / "report.md").read_text()
+
+
+def test_an_auto_profile_is_measured_on_this_machine_and_kept_with_the_output(tmp_path):
+    from adaptive.profile import CostProfile
+    from lab.environments import resolve_profile
+
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    config.env.max_depth = 2
+    assert config.env.profile == "auto"
+    resolve_profile(config, tmp_path)
+    assert config.env.profile == str(tmp_path / "profile.json")
+    profile = CostProfile.load(config.env.profile)
+    assert profile.max_verify == 2 and profile.document["order"] == "interleaved"  # verifications of 0..2 drafted tokens
+    assert profile.document["contexts"] == [64, 128, 256] and profile.document["measured_for"] == "quickstart"
+    assert 0 < profile.c < 1 and profile.document["measure_seconds"] < 60

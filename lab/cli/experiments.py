@@ -14,6 +14,9 @@ from lab.runs import finished_run_name, latest_runs, link_latest, stamped
 from lab.training import resume, train
 from lab.tree_comparison import evaluate_trees
 
+PROFILE_HELP = ("cost profile for every replay number: auto measures a short one of the pair on this machine first (under a minute) "
+                "and keeps it in the output folder; a file reproduces numbers measured elsewhere (default: the config's env.profile)")
+
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train depth (and size) policies with PPO as an experiment config says; or resume a killed run."""
@@ -24,6 +27,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         final = resume(folder)
     else:
         config = load_config(args.config)
+        if args.profile:
+            config.env.profile = args.profile
         folder = stamped(args.runs, config.name)
         print(f"run folder: {folder}")
         final = train(config, folder)
@@ -38,6 +43,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Compare learned policies with grid search, the cost model, heuristics and the oracle on the test split."""
     config = load_config(args.config)
+    if args.profile:
+        config.env.profile = args.profile
     learned = args.policy or latest_runs(args.runs, config.name)
     out = Path(args.out or stamped("evaluations", config.name))
     if config.env.tree:
@@ -74,6 +81,7 @@ def register(commands) -> None:
     trn.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
     trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/); RUNS/NAME-latest links the newest")
     trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
+    trn.add_argument("--profile", help=PROFILE_HELP)
     trn.set_defaults(func=cmd_train)
 
     ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
@@ -81,6 +89,7 @@ def register(commands) -> None:
     ev.add_argument("--policy", action="append",
                     help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains")
     ev.add_argument("--runs", default="runs")
+    ev.add_argument("--profile", help=PROFILE_HELP)
     ev.add_argument("--live-per-language", type=int, default=2, help="test prompts per language decoded live (0: replay only)")
     ev.add_argument("--grid-live-per-language", type=int, default=1,
                     help="val prompts per language on which grid search's 3 best depths are decoded live; one replaces the replay "
@@ -93,7 +102,8 @@ def register(commands) -> None:
 
     ret = commands.add_parser("retarget", help="re-evaluate a trained policy under another cost profile and re-train it briefly")
     ret.add_argument("run", help="training run folder, e.g. runs/quickstart-latest")
-    ret.add_argument("--profile", required=True, help="the new cost profile (adaptive profile --out FILE)")
+    ret.add_argument("--profile", default="auto", help="the new cost profile: a file (adaptive profile --out FILE) or auto (default): "
+                     "this machine, measured now into the new run folder")
     ret.add_argument("--timesteps", type=int, default=10_000, help="re-training steps per phase (default 10000)")
     ret.add_argument("--runs", default="runs")
     ret.add_argument("--out", help="run folder of the re-trained policy (default RUNS/NAME-retarget-DATE)")
