@@ -22,6 +22,7 @@ from adaptive.workload import LANGUAGES
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from lab import live_protocol
+from lab.calibration import calibrate, calibration_lines
 from lab.config import ExperimentConfig
 from lab.environments import resolve_profile
 from lab.evaluation import (
@@ -49,7 +50,8 @@ GRID_LIVE_FINALISTS = 3
 
 
 def candidates(
-    config: ExperimentConfig, profile: CostProfile, learned: list[str], grid_live_per_language: int = 0, new_tokens: int = 128, repeats: int = 2
+    config: ExperimentConfig, profile: CostProfile, learned: list[str], pair=None, grid_live_per_language: int = 0, new_tokens: int = 128,
+    repeats: int = 2,
 ) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
     """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen.
 
@@ -62,7 +64,7 @@ def candidates(
     fitted: dict = {f"grid_{name}": {"best": max(s, key=lambda g: (s[g], -g)), "speedups": s} for name, s in speeds.items()}
     fitted["grid_replay_best"] = ranked[0]
     if grid_live_per_language:
-        check = grid_live(config, ranked[0], sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens, repeats)
+        check = grid_live(config, pair, ranked[0], sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens, repeats)
         fitted["grid_live"] = check
         fitted["grid_best"] = check["best"]
     else:
@@ -95,10 +97,9 @@ def replay_comparison(
     return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
 
 
-def grid_live(config: ExperimentConfig, replay_choice: int, finalists: list[int], per_language: int, new_tokens: int, repeats: int = 2) -> dict:
+def grid_live(config: ExperimentConfig, pair, replay_choice: int, finalists: list[int], per_language: int, new_tokens: int, repeats: int = 2) -> dict:
     """Grid search's live check on val prompts: the finalists decoded with the live protocol; the replay
     choice stands unless a finalist is faster than it with a 95 % interval above 1."""
-    pair = live_protocol.warm_pair(config.pair, config.dtype)
     policies = {f"static:{g}": (lambda g=g: make_policy(f"static:{g}")) for g in finalists}
     live = live_protocol.measure_policies(pair, "val", per_language, policies, config.env.max_depth, new_tokens, repeats, "grid search live check")
     speedups = {g: live_protocol.compare(live, f"static:{g}", live_protocol.PLAIN) for g in finalists}
@@ -108,10 +109,9 @@ def grid_live(config: ExperimentConfig, replay_choice: int, finalists: list[int]
     return {"speedups": speedups, "against_replay_choice": against, "best": best, "repeats": repeats, "prompts": len(live[live_protocol.PLAIN])}
 
 
-def live_comparison(config: ExperimentConfig, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int,
+def live_comparison(config: ExperimentConfig, pair, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int,
                     repeats: int = 2) -> dict[str, list[dict]]:
     """Plain decoding and every policy on the first test prompts per language, with the live protocol."""
-    pair = live_protocol.warm_pair(config.pair, config.dtype)
     return live_protocol.measure_policies(pair, "test", per_language, policies, config.env.max_depth, new_tokens, repeats, "live test")
 
 
@@ -131,24 +131,34 @@ def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, ma
 
 def evaluate(
     config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1,
-    repeats: int = 2,
+    repeats: int = 2, calibration_per_language: int = 1,
 ) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out`` (and the
-    profile, when ``auto`` measures one on this machine first)."""
+    profile, when ``auto`` measures one on this machine first). With ``calibration_per_language``, replay is
+    first checked against live decoding of that many val prompts per language (:mod:`lab.calibration`)."""
     out.mkdir(parents=True, exist_ok=True)
     resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
-    policies, fitted = candidates(config, profile, learned, grid_live_per_language, new_tokens, repeats)
+    pair = live_protocol.warm_pair(config.pair, config.dtype) if live_per_language or grid_live_per_language or calibration_per_language else None
+    policies, fitted = candidates(config, profile, learned, pair, grid_live_per_language, new_tokens, repeats)
+    calibration = None
+    if calibration_per_language:
+        grid = next(name for name in policies if name.startswith("grid search"))
+        prompts, ids = live_protocol.first_prompts(pair, "val", calibration_per_language)
+        decoder = live_protocol.chain_decoders(pair, {grid: policies[grid]}, config.env.max_depth)[grid]
+        calibration = calibrate(pair.target, decoder, prompts, ids, TraceSet.load(default_traces("val", config.pair)), profile, grid, policies[grid],
+                                config.env.max_depth, config.env.decision_seconds, repeats)
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
     replay_rows, replay_data = replay_table(replay, profile.target_step_seconds, config.env.max_depth)
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
-    live = live_comparison(config, policies, live_per_language, new_tokens, repeats) if live_per_language else {}
+    live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats) if live_per_language else {}
     live_data = live_protocol.summarise(live) if live else {}
     gains = live_gains(live, policies) if live else {}
     result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "live_gains": gains, "test_prompts": len(test),
-              "live_per_language": live_per_language, "repeats": repeats,
-              "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "live_per_language": live_per_language, "repeats": repeats, "calibration": calibration, "dtype": config.dtype,
+              "new_tokens": new_tokens, "profile": config.env.profile, "profile_info": profile_info(profile),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "out": str(out)}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     report = _report(result, replay_rows, test, replay)
     (out / "report.md").write_text(report)
@@ -179,9 +189,21 @@ def live_gains(live: dict[str, list[dict]], policies: dict) -> dict:
     return {f"{name} vs {grid}": live_protocol.compare(live, name, grid) for name in policies if name.startswith("learned")}
 
 
+def profile_info(profile: CostProfile) -> dict:
+    """What a reader needs to judge a profile: when and where it was measured, at which dtype, its step times."""
+    hardware = profile.hardware or {}
+    return {"measured_at": profile.document.get("measured_at"), "processor": hardware.get("processor"), "threads": hardware.get("torch_threads"),
+            "dtype": profile.document.get("dtype"), "target_step_ms": profile.target_step_seconds * 1e3, "c": profile.c}
+
+
 def _gain_line(label: str, gain: dict, where: str) -> str:
     significance = "" if gain["verdict"] != "not significant" else ", not significant"
     return f"- {label} ({where}): {gain['ratio'] - 1:+.1%} [{gain['low'] - 1:+.1%}, {gain['high'] - 1:+.1%}]{significance}"
+
+
+def _profile_line(path: str, info: dict) -> str:
+    return (f"Cost profile {path}: measured {info['measured_at']} on {info['processor']} ({info['threads']} threads), {info['dtype']}; "
+            f"target step {info['target_step_ms']:.1f} ms, c = {info['c']:.3f}.")
 
 
 def _grid_line(fitted: dict) -> str:
@@ -203,13 +225,16 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_record
         "# Evaluation",
         "",
         f"Test split: {result['test_prompts']} prompts (replay, greedy, exact acceptances, time from {result['profile']}); "
-        f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock.",
+        f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock, {result['dtype']}.",
+        _profile_line(result["profile"], result["profile_info"]),
         _grid_line(fitted),
         "",
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
         "",
         format_table(["policy", *LANGUAGES, "all", "tau"], replay_rows),
     ]
+    if result["calibration"]:
+        lines += calibration_lines(result["calibration"])
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
     lines += ["", "## Gains (all languages, [95 % paired bootstrap over prompts])", ""]
@@ -227,4 +252,32 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_record
             lines.append(f"- {name} reaches {replay[name]['all']['speedup'] / oracle:.1%} of the oracle (replay)")
     shorter = [n for n in replay if replay[n]["all"]["speedup"] > replay[grid]["all"]["speedup"] and replay[n]["all"]["tau"] < replay[grid]["all"]["tau"]]
     lines.append(f"- faster than grid search with a shorter τ (replay): {', '.join(shorter) or 'none'}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _verdict(result)) + "\n"
+
+
+def _verdict(result: dict) -> list[str]:
+    """The one screen a newcomer reads: plain speed, the fitted and learned speedups (replay and live, with
+    intervals), the calibration error, and where the rest is."""
+    replay, live = result["replay"], result["live"]
+
+    def both(name: str) -> str:
+        r = replay[name]["all"]
+        text = f"replay {r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}]"
+        if name in live:
+            d = live[name]["all"]
+            text += f", live {d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]" + (" (not significant)" if d["verdict"] == "not significant" else "")
+        return text
+
+    lines = ["", "## Verdict", ""]
+    if live:
+        lines.append(f"- plain decoding here: {live['plain']['all']['tokens_per_second']:.1f} tok/s ({result['dtype']}, live)")
+    for prefix in ("grid search", "cost model iid", "learned"):
+        lines += [f"- {name}: {both(name)}" for name in replay if name.startswith(prefix)]
+    for name, gain in result["live_gains"].items():
+        lines.append(f"- {name} (live): {gain['ratio']:.3f}x [{gain['low']:.3f}, {gain['high']:.3f}], {gain['verdict']}")
+    if result["calibration"]:
+        worst = max(result["calibration"]["rows"].items(), key=lambda item: abs(item[1]["error"]))
+        lines.append(f"- calibration: replay vs this machine, worst error {worst[1]['error']:+.1%} ({worst[0]})")
+    lines.append(f"- plots: {result['out']}/plots; evaluation.json and this report in {result['out']}; W&B (offline by default): "
+                 f"{result['out']}/wandb (`wandb sync` uploads it)")
+    return lines

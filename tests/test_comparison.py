@@ -19,7 +19,7 @@ def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(t
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     config.tracking.wandb = "disabled"
     config.env.profile = str(ROOT / "profiles" / "smollm2-135m.json")  # the README's numbers; auto would measure this machine
-    result = evaluate(config, [], tmp_path, live_per_language=0, grid_live_per_language=0)
+    result = evaluate(config, [], tmp_path, live_per_language=0, grid_live_per_language=0, calibration_per_language=0)
     replay = result["replay"]
     grid = next(name for name in replay if name.startswith("grid search"))
     oracle = replay["oracle (replay only)"]["all"]["speedup"]
@@ -28,7 +28,8 @@ def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(t
     assert result["fitted"]["grid_best"] in range(1, 9) and set(result["fitted"]["costmodel"]) == {"iid", "lengths"}
     assert replay[grid]["all"]["speedup"] > 1.0  # the tuned static setting beats plain decoding in replay
     report = (tmp_path / "report.md").read_text()
-    assert "parameter gain" in report and "oracle" in report
+    assert "parameter gain, grid search vs default static:4 (replay):" in report and "oracle" in report
+    assert "Cost profile" in report and "measured 2026-11-29" in report and "## Verdict" in report
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup_replay.png", "static_depth.png", "accepted_lengths.png", "learned_choices.png"}
     hist = {name: data["all"]["accepted_hist"] for name, data in replay.items()}
     for name, data in replay.items():
@@ -44,9 +45,10 @@ def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(t
 
 def test_grid_search_confirms_its_finalists_live_on_val_prompts():
     from lab.comparison import grid_live
+    from lab.live_protocol import warm_pair
 
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
-    check = grid_live(config, 1, [1, 3], per_language=1, new_tokens=12, repeats=1)
+    check = grid_live(config, warm_pair(config.pair), 1, [1, 3], per_language=1, new_tokens=12, repeats=1)
     assert set(check["speedups"]) == {1, 3} and all(0.1 < c["ratio"] < 5.0 for c in check["speedups"].values())
     assert set(check["against_replay_choice"]) == {3} and check["prompts"] == 4
     assert check["best"] == (3 if check["against_replay_choice"][3]["verdict"] == "faster" else 1)

@@ -82,3 +82,25 @@ def test_the_report_marks_intervals_that_cover_one():
     assert "| noisy" in text and "n.s." in text.split("| noisy")[1].split("\n")[0]
     assert "n.s." not in text.split("| fast")[1].split("\n")[0]
     assert "each prompt 2x per configuration, rotating order" in text
+
+
+def test_calibration_compares_replays_modelled_time_with_live_time(target, near_draft):
+    """On a tiny pair whose flat profile (10 ms a target step) is far from its real speed, calibration reports
+    the modelled and measured seconds per token of plain and speculative decoding, and warns."""
+    from conftest import flat_profile
+
+    from adaptive.recorder import record
+    from lab.calibration import calibrate, calibration_lines
+
+    traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), PROMPTS, IDS, max_new_tokens=16, depth=4, metadata={})
+    result = calibrate(target, lambda: SpeculativeDecoder(target, near_draft, make_policy("static:2")), PROMPTS[:2], IDS[:2], traces,
+                       flat_profile(), "static:2", lambda: make_policy("static:2"), max_depth=4, decision_seconds=0.0, repeats=1)
+    plain, speculative = result["rows"]["plain"], result["rows"]["static:2"]
+    assert plain["modelled_ms_per_token"] == pytest.approx(10.0) and result["prompts"] == 2
+    assert speculative["modelled_ms_per_token"] < plain["modelled_ms_per_token"]  # near draft: several tokens per 10-12 ms round
+    for row in (plain, speculative):
+        assert row["error"] == pytest.approx(row["modelled_ms_per_token"] / row["measured_ms_per_token"] - 1)
+    text = "\n".join(calibration_lines(result))
+    assert "| plain | 10.0 |" in text and ("Warning" in text) == (max(abs(r["error"]) for r in result["rows"].values()) > 0.15)
+    with pytest.raises(ValueError, match="no.*trace|none of"):
+        calibrate(target, lambda: None, [{"id": "zz", "lang": "en"}], [[1, 2]], traces, flat_profile(), "x", lambda: make_policy("static:1"), 4, 0.0)

@@ -50,7 +50,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if config.env.tree:
         evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens, repeats=args.repeats)
     else:
-        evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language, args.repeats)
+        evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language, args.repeats,
+                 args.calibration_per_language)
     print((out / "report.md").read_text())
     print(f"report, evaluation.json and plots in {out}")
     return 0
@@ -96,6 +97,8 @@ def register(commands) -> None:
                          "choice only when faster with a 95 %% interval above 1 (0: replay only)")
     ev.add_argument("--repeats", type=int, default=2,
                     help="live: runs of each configuration per prompt, back to back in rotating order; medians (default 2)")
+    ev.add_argument("--calibration-per-language", type=int, default=1,
+                    help="val prompts per language decoded live to check replay's modelled time against this machine (0: skip)")
     ev.add_argument("--max-new-tokens", type=int, default=128)
     ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
     ev.set_defaults(func=cmd_evaluate)
