@@ -13,16 +13,18 @@ Per prompt:
    together, K - 1 steps as one batch over the shared prompt + y cache, each row masked to its own prefix.
 4. m(t) = 0 if d(t) ≠ y[t], else 1 + m(t + 1), capped at K and at the end of y.
 
-For T > 0 (:func:`sampled_trace`) there is no single output to replay exactly. Along one sampled output y,
-every position gets a K-step continuation drawn from the draft's sampling distribution q and, for each of
-its tokens, the acceptance probability min(1, p/q) under the target (one batched target forward over all
-positions' continuations). Replay then samples acceptances from these probabilities — an approximation:
-after a rejection the live decoder continues from the residual's token, the replay from y's.
+For T > 0 (:func:`sampled_trace`), along outputs o sampled from the target (several per prompt), which is
+also what speculative decoding emits. Given o, live decoding accepts its proposal at position j exactly with
+probability a_j = min(1, q_j(o_j) / p_j(o_j)) (maximal coupling: P(propose x and emit x) = min(p(x), q(x))),
+and on a rejection the proposal is distributed as norm(max(q_j − p_j, 0)), whatever o_j is. So a sampled
+trace holds a_j, the draft's features of proposing o_j, one rejected proposal drawn from that law with its
+features, and the draft's sampled continuation after it; replay draws each drafted step's acceptance from
+a_j and shows the features of that outcome (:class:`envs.replay.ReplayBackend`): exact in distribution
+for every chain policy that verifies what it drafts.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,12 +32,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel, cache_keyword
+from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import HeadSession, draft_session, target_taps, teacher_forced
 from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
 from adaptive.traces import TraceSet
 from adaptive.tree import attention_mask
+from adaptive.verification import acceptance_probabilities, residual_correction
 
 
 @torch.inference_mode()
@@ -97,11 +100,6 @@ def draft_trace(target: PreTrainedModel, draft: nn.Module, prompt: list[int], ou
     return match, features
 
 
-def _prefix_mask(cached: int, contexts: list[int], device: torch.device) -> torch.Tensor:
-    """``[rows, cached]`` attention mask: row r sees the first ``contexts[r]`` cached tokens."""
-    return (torch.arange(cached, device=device)[None, :] < torch.tensor(contexts, device=device)[:, None]).long()
-
-
 def _rollouts(
     session: CachedModel | HeadSession,
     contexts: list[int],
@@ -139,10 +137,6 @@ def _rollouts(
     return out, torch.stack(drafted, 1) if drafted else empty.long(), torch.stack(probs, 1) if probs else empty
 
 
-TARGET_ROWS_PER_BATCH = 32
-"""Rows per batched target forward when recording sampled traces (bounds the expanded KV cache)."""
-
-
 @torch.inference_mode()
 def sampled_trace(
     target: PreTrainedModel,
@@ -153,43 +147,37 @@ def sampled_trace(
     sampling: SamplingConfig,
     generator: torch.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For T > 0: at every position t of a sampled output, a K-step draft continuation drawn from q, and
-    the acceptance probability min(1, p(x_j) / q(x_j)) of each of its tokens, p being the target's sampling
-    distribution after the context and the continuation's earlier tokens. Returns ``[N, depth]``
-    probabilities, ``[N, depth, 3]`` features and the ``[N, depth]`` drafted tokens."""
+    """For T > 0, along an output sampled from the target: per position j the acceptance probability a_j =
+    min(1, q_j(o_j) / p_j(o_j)) ``[N]``; the features of proposing o_j at each step of a round that accepts
+    every step ``[N, depth, 3]`` (step k of a round at j is position j + k's); and the features of a round
+    whose first step is rejected at j ``[N, depth, 3]``: a proposal drawn from norm(max(q_j − p_j, 0)),
+    then the draft's sampled continuation after it. One teacher-forced forward of each model, then
+    ``depth - 1`` batched draft steps."""
     n, p = len(output), len(prompt)
     if target_taps(draft) and p < 2:
         raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {p}")
     reading = CachedModel(target, taps=target_taps(draft))
-    target_logits = reading.forward(prompt + output)[p - 1 : p - 1 + n]
+    target_p = sampling_distribution(reading.forward(prompt + output)[p - 1 : p - 1 + n], sampling)
     session = draft_session(draft, reading)
     draft_logits = session.forward(prompt + output)[p - 1 : p - 1 + n]
-    q_first = sampling_distribution(draft_logits, sampling)
-    first = sample(q_first, generator)
-    features = np.zeros((n, depth, 3), dtype=np.float32)
-    features[:, 0] = [f[1:] for f in draft_features(draft_logits, first)]
-    contexts = [p + t for t in range(n)]
-    tokens, q_chosen = first[:, None], q_first.gather(-1, first[:, None])
+    draft_q = sampling_distribution(draft_logits, sampling)
+    emitted = torch.tensor(output, device=draft_q.device)
+    p_emitted = target_p.gather(-1, emitted[:, None])[:, 0]
+    if bool((p_emitted <= 0).any()):
+        j = int((p_emitted <= 0).nonzero()[0])
+        raise ValueError(f"token {j} of the output has probability 0 under the target at {sampling.describe()}: not a sample of it")
+    # The coupling seen from the emitted side: the verification rules with p and q swapped.
+    accept = acceptance_probabilities(draft_q, target_p, emitted)  # min(1, q_j(o_j) / p_j(o_j))
+    rejected = sample(residual_correction(draft_q, target_p), generator)  # norm(max(q_j - p_j, 0)); unused where a_j = 1
+    accepting = np.zeros((n, depth, 3), dtype=np.float32)
+    along = np.array([f[1:] for f in draft_features(draft_logits, emitted)], dtype=np.float32)
+    for k in range(depth):
+        accepting[: n - k, k] = along[k:]
+    rejecting = np.zeros((n, depth, 3), dtype=np.float32)
+    rejecting[:, 0] = [f[1:] for f in draft_features(draft_logits, rejected)]
     if depth > 1:
-        more, more_tokens, more_q = _rollouts(session, contexts, first.tolist(), depth - 1, sampling, generator)
-        features[:, 1:] = more
-        tokens, q_chosen = torch.cat([tokens, more_tokens], 1), torch.cat([q_chosen, more_q], 1)
-    target_cache = reading.cache
-    p_chosen = torch.zeros_like(q_chosen)
-    p_chosen[:, 0] = sampling_distribution(target_logits, sampling).gather(-1, first[:, None])[:, 0]
-    for start in range(0, n, TARGET_ROWS_PER_BATCH) if depth > 1 else ():
-        rows = list(range(start, min(n, start + TARGET_ROWS_PER_BATCH)))
-        cache = copy.deepcopy(target_cache)  # a copy per batch of rows, each row repeated
-        cache.batch_repeat_interleave(len(rows))
-        mask = torch.cat([_prefix_mask(p + n, [contexts[r] for r in rows], target.device), torch.ones(len(rows), depth - 1, dtype=torch.long)], 1)
-        positions = torch.tensor([contexts[r] for r in rows])[:, None] + torch.arange(depth - 1)[None, :]
-        logits = target(
-            input_ids=tokens[rows, : depth - 1], attention_mask=mask, position_ids=positions, use_cache=True, **{cache_keyword(target): cache}
-        ).logits
-        p_rows = sampling_distribution(logits, sampling)
-        p_chosen[rows, 1:] = p_rows.gather(-1, tokens[rows, 1:, None])[..., 0]
-    accept = torch.clamp(p_chosen / q_chosen, max=1.0)
-    return accept.float().cpu().numpy(), features, tokens.cpu().numpy()
+        rejecting[:, 1:] = _rollouts(session, [p + t for t in range(n)], rejected.tolist(), depth - 1, sampling, generator)[0]
+    return accept.float().cpu().numpy(), accepting, rejecting
 
 
 def record(
@@ -205,9 +193,10 @@ def record(
 ) -> TraceSet:
     """Traces of ``prompts`` (workload rows with ``id`` and ``lang``) whose token ids are ``prompt_ids``.
 
-    Greedy decoders record match lengths (exact replay); sampling decoders record per-step acceptance
-    probabilities along one sampled output per prompt, drawn with ``seed`` + prompt index."""
-    outputs, matches, features, accepts = [], [], [], []
+    Greedy decoders record match lengths (exact replay); sampling decoders record :func:`sampled_trace`
+    along one sampled output per entry of ``prompts`` (give a prompt several times for several samples),
+    entry i drawn with ``seed`` + i."""
+    outputs, matches, features, accepts, rejects = [], [], [], [], []
     repaired = 0
     sampling = decoder.sampling
     for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
@@ -219,9 +208,10 @@ def record(
         else:
             y = decoder.generate(ids, max_new_tokens, seed=seed + i).token_ids
             generator = torch.Generator(device=decoder.draft.device).manual_seed(seed + i)
-            a, f, _ = sampled_trace(decoder.target.model, decoder.draft.model, ids, y, depth, sampling, generator)
+            a, f, r = sampled_trace(decoder.target.model, decoder.draft.model, ids, y, depth, sampling, generator)
             m = np.zeros(len(y), dtype=np.int64)
             accepts.append(a)
+            rejects.append(r)
         outputs.append(np.array(y, dtype=np.int32))
         matches.append(m)
         features.append(f)
@@ -237,6 +227,7 @@ def record(
         match=np.concatenate(matches),
         features=np.concatenate(features),
         accept_prob=np.concatenate(accepts) if accepts else None,
+        reject_features=np.concatenate(rejects) if rejects else None,
         metadata={
             **metadata,
             "max_new_tokens": max_new_tokens,

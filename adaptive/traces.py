@@ -13,8 +13,10 @@ tokens it never emits; the replay does not count those (emitted tokens are ident
 Storage: one compressed ``.npz`` (no pickles) holding the arrays of all prompts back to back, with
 ``offsets`` marking where each prompt's positions start, and a JSON ``metadata`` string.
 
-Sampled traces (T > 0, see :mod:`adaptive.recorder`) hold per-step acceptance probabilities instead of
-match lengths; their replay is an approximation whose error is measured against live runs.
+Sampled traces (T > 0, see :mod:`adaptive.recorder`) hold, along outputs sampled from the target, each
+position's acceptance probability given the output and the features of accepting and of rejecting there,
+instead of match lengths; replay draws acceptances from them, exact in distribution (format 2; sampled
+traces of format 1 held an approximation and are refused).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-TRACE_FORMAT = "adaptive-draft/trace/1"
+TRACE_FORMAT = "adaptive-draft/trace/2"
+READABLE_FORMATS = ("adaptive-draft/trace/1", TRACE_FORMAT)
+"""Greedy traces of format 1 are format 2's greedy traces; its sampled ones are refused."""
 
 
 def write_npz(path: str | Path, traces, arrays: dict[str, np.ndarray], file_format: str) -> None:
@@ -44,11 +48,12 @@ def write_npz(path: str | Path, traces, arrays: dict[str, np.ndarray], file_form
     )
 
 
-def read_npz(data, path: str | Path, file_format: str) -> tuple[dict, dict]:
-    """The per-prompt arrays and the metadata of an open trace file, after checking its format."""
+def read_npz(data, path: str | Path, file_format: str | tuple[str, ...]) -> tuple[dict, dict]:
+    """The per-prompt arrays and the metadata of an open trace file, after checking its format (one of ``file_format``)."""
     metadata = json.loads(str(data["metadata"]))
-    if metadata.get("format") != file_format:
-        raise ValueError(f"{path} is not a trace file of format {file_format} (found {metadata.get('format')!r})")
+    allowed = (file_format,) if isinstance(file_format, str) else file_format
+    if metadata.get("format") not in allowed:
+        raise ValueError(f"{path} is not a trace file of format {' or '.join(allowed)} (found {metadata.get('format')!r})")
     common = {"prompt_ids": data["prompt_ids"].tolist(), "langs": data["langs"].tolist(), "prompt_lengths": data["prompt_lengths"],
               "offsets": data["offsets"], "outputs": data["outputs"]}
     return common, metadata
@@ -71,12 +76,16 @@ class TraceSet:
     features: np.ndarray
     """[N, K, 3] float16: (top-1 probability, entropy in nats, log-probability) of each draft step."""
     accept_prob: np.ndarray | None = None
-    """[N, K] float16, sampled traces only: min(1, p/q) of each drafted token (match is unused then)."""
+    """[N] float32, sampled traces only: a_t = min(1, q_t(o_t) / p_t(o_t)), the probability that a proposal at t
+    is accepted given the output (match is unused then; ``features`` are those of proposing the output)."""
+    reject_features: np.ndarray | None = None
+    """[N, K, 3] float16, sampled traces only: features of a round whose first step is rejected at t (a proposal
+    from norm(max(q_t − p_t, 0)), then the draft's continuation after it)."""
     metadata: dict = field(default_factory=dict)
 
     @property
     def sampled(self) -> bool:
-        """True for T > 0 traces (acceptances are sampled in replay, an approximation)."""
+        """True for T > 0 traces (acceptances are drawn in replay, exact in distribution)."""
         return self.accept_prob is not None
 
     @property
@@ -99,18 +108,24 @@ class TraceSet:
     def save(self, path: str | Path) -> None:
         arrays = {"match": self.match.astype(np.int16), "features": self.features.astype(np.float16)}
         if self.accept_prob is not None:
-            arrays["accept_prob"] = self.accept_prob.astype(np.float16)
+            arrays["accept_prob"] = self.accept_prob.astype(np.float32)
+            arrays["reject_features"] = self.reject_features.astype(np.float16)
         write_npz(path, self, arrays, TRACE_FORMAT)
 
     @classmethod
     def load(cls, path: str | Path) -> TraceSet:
         """Read a trace file (never unpickles)."""
         with np.load(path, allow_pickle=False) as data:
-            common, metadata = read_npz(data, path, TRACE_FORMAT)
+            common, metadata = read_npz(data, path, READABLE_FORMATS)
+            sampled = "accept_prob" in data.files
+            if sampled and metadata["format"] != TRACE_FORMAT:
+                raise ValueError(f"{path} holds sampled traces of {metadata['format']}, whose replay was an approximation; "
+                                 "re-record them (adaptive record --temperature T) for exact sampled replay")
             return cls(
                 **common,
                 match=data["match"].astype(np.int64),
                 features=data["features"].astype(np.float32),
-                accept_prob=data["accept_prob"].astype(np.float32) if "accept_prob" in data.files else None,
+                accept_prob=data["accept_prob"].astype(np.float32) if sampled else None,
+                reject_features=data["reject_features"].astype(np.float32) if sampled else None,
                 metadata=metadata,
             )

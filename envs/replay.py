@@ -2,9 +2,12 @@
 
 A round at position t that drafts d tokens and verifies γ of them accepts min(γ, m(t)) and emits that + 1
 (fewer at the end of the output) — exactly what the live greedy decoder does with the same pair and
-prompt. With sampled (T > 0) traces, each drafted token is accepted with its recorded probability
-min(1, p/q) until the first rejection, drawn from the episode's random stream: an approximation (the
-replay stays on the recorded output after a rejection) whose error ``benchmarks/replay_vs_live.py`` measures.
+prompt. With sampled (T > 0) traces the recorded output o is what is emitted, and each drafted step's
+acceptance is drawn, as it is drafted, from a_j = min(1, q_j(o_j) / p_j(o_j)) (the live decoder's
+acceptance probability given o); the policy sees the features of proposing o_j, or after the first
+rejection those of the recorded rejected proposal and its continuation. Exact in distribution for every
+policy that verifies what it drafts (a size policy verifying fewer is shown unverified steps' features as if
+they were verified).
 Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
 context length. No model runs, so a step costs microseconds.
 """
@@ -102,11 +105,15 @@ class ReplayBackend(TraceReplay):
         self._setup(traces, profile)
         self._match = traces.match.tolist()  # Python ints: faster to index one at a time than numpy
         self._accept = traces.accept_prob.tolist() if traces.sampled else None
+        self._rejecting = traces.reject_features.tolist() if traces.sampled else None
+        self._rejected_at: int | None = None
+        """Sampled traces: the step of this round whose proposal was rejected (None: none yet)."""
         self._rng = np.random.default_rng(0)
 
     def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
         """Begin replaying prompt ``index``; ``rng`` draws the acceptances of sampled traces (default: seeded by ``index``)."""
         self._rng = rng if rng is not None else np.random.default_rng(index)
+        self._rejected_at = None
         super().start_prompt(index)
 
     @property
@@ -116,6 +123,19 @@ class ReplayBackend(TraceReplay):
             raise ValueError("sampled (T > 0) traces have no match lengths: the oracle needs greedy traces")
         return self._match[self._start + self._t]
 
+    def draft(self) -> tuple[float, float, float]:
+        if self._accept is None:
+            return super().draft()
+        if self._depth >= self.cap:
+            raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
+        step, position = self._depth, self._t + self._depth
+        if self._rejected_at is None and position < self._length and self._rng.random() >= self._accept[self._start + position]:
+            self._rejected_at = step
+        self._depth += 1
+        if self._rejected_at is None:
+            return tuple(self._features[self._start + self._t][step])
+        return tuple(self._rejecting[self._start + self._t + self._rejected_at][step - self._rejected_at])
+
     def verify(self, size: int) -> Cycle:
         depth = self._depth
         if not verifiable(size, depth):
@@ -123,7 +143,6 @@ class ReplayBackend(TraceReplay):
         if self._accept is None:
             accepted = min(size, self._match[self._start + self._t])
         else:
-            probabilities, accepted = self._accept[self._start + self._t], 0
-            while accepted < size and self._rng.random() < probabilities[accepted]:
-                accepted += 1
+            accepted = size if self._rejected_at is None else min(size, self._rejected_at)
+            self._rejected_at = None
         return self._end_round(size, accepted)

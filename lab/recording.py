@@ -41,14 +41,19 @@ def select_prompts(split: str, lang: str | None = None, per_language: int | None
 
 
 def record_chains(pair: ModelPair, name: str, prompts: list[dict], *, split: str, dtype: str, depth: int, max_new_tokens: int,
-                  sampling: SamplingConfig, outputs: str | None = None, profile: str | Path | None = None, seed: int = 0) -> TraceSet:
-    """Chain traces of ``prompts`` (greedy: exact replay; T > 0: acceptance probabilities along one sampled
-    output). ``outputs``: a JSONL of known greedy outputs ``{id, response}`` to reuse (checked, repaired)."""
+                  sampling: SamplingConfig, outputs: str | None = None, profile: str | Path | None = None, seed: int = 0,
+                  samples: int = 1) -> TraceSet:
+    """Chain traces of ``prompts`` (greedy: exact replay; T > 0: ``samples`` sampled outputs per prompt, each
+    with what exact sampled replay needs). ``outputs``: a JSONL of known greedy outputs ``{id, response}`` to
+    reuse (checked, repaired)."""
     if depth < 1 or max_new_tokens < 2:
         raise ValueError(f"depth must be >= 1 and max_new_tokens >= 2, got {depth} and {max_new_tokens}")
+    if samples < 1 or (samples > 1 and sampling.is_greedy):
+        raise ValueError(f"samples must be 1 for greedy traces (one output per prompt) and >= 1 otherwise, got {samples}")
+    prompts = [prompt for prompt in prompts for _ in range(samples)]
     given = {row["id"]: row["response"] for row in map(json.loads, Path(outputs).read_text().splitlines())} if outputs else None
     decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), sampling, tokenizer=pair.tokenizer, max_depth=depth)
-    metadata = trace_metadata(pair, name, split, dtype)
+    metadata = trace_metadata(pair, name, split, dtype, samples_per_prompt=samples)
     profile_path = Path(profile) if profile else Path("profiles") / f"{name}.json"
     if profile_path.is_file():
         metadata["profile"] = {"path": str(profile_path), "hardware": CostProfile.load(profile_path).hardware}

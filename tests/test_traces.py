@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +16,9 @@ from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.drafts import draft_session, target_taps
 from adaptive.recorder import draft_trace, greedy_output, record, sampled_trace
 from adaptive.sampling import SamplingConfig, draft_features, sampling_distribution
-from adaptive.traces import TraceSet
+from adaptive.traces import TraceSet, write_npz
+from envs.replay import ReplayBackend
+from envs.rollout import run_policy
 from policies import make_policy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3]]
@@ -74,22 +80,29 @@ def test_trace_file_round_trip(tmp_path, target, near_draft):
         assert all(raw[key].dtype != object for key in raw.files)
 
 
-def test_sampled_trace_acceptance_probabilities_follow_the_definition(target, far_draft):
+def test_sampled_trace_records_acceptance_given_the_output_and_the_rejection_law(target, far_draft):
+    """a_j = min(1, q_j(o_j) / p_j(o_j)); features of proposing o_j along the output; a rejected proposal whose
+    empirical law over positions with the same context matches norm(max(q - p, 0))."""
     sampling = SamplingConfig(0.9, top_k=10)
     prompt, output = PROMPTS[1], generate_plain(target, PROMPTS[1], 12, sampling, seed=0).token_ids
-    generator = torch.Generator().manual_seed(0)
-    accept, features, tokens = sampled_trace(target, far_draft, prompt, output, 4, sampling, generator)
-    assert accept.shape == tokens.shape == (12, 4) and features.shape == (12, 4, 3)
-    for t in (0, 5, 11):
-        context = prompt + output[:t]
-        for j in range(4):
-            ids = torch.tensor([context + tokens[t, :j].tolist()])
-            with torch.no_grad():
-                p = sampling_distribution(target(ids).logits[0, -1], sampling)
-                q = sampling_distribution(far_draft(ids).logits[0, -1], sampling)
-            x = int(tokens[t, j])
-            assert q[x] > 0
-            assert accept[t, j] == pytest.approx(min(1.0, float(p[x] / q[x])), abs=1e-5)
+    accept, accepting, rejecting = sampled_trace(target, far_draft, prompt, output, 4, sampling, torch.Generator().manual_seed(0))
+    assert accept.shape == (12,) and accepting.shape == rejecting.shape == (12, 4, 3)
+    for t in range(12):
+        ids = torch.tensor([prompt + output[:t]])
+        with torch.no_grad():
+            p = sampling_distribution(target(ids).logits[0, -1], sampling)
+            draft_logits = far_draft(ids).logits[0, -1]
+        q = sampling_distribution(draft_logits, sampling)
+        o = output[t]
+        assert accept[t] == pytest.approx(min(1.0, float(q[o] / p[o])), abs=1e-6)
+        expected = draft_features(draft_logits[None], torch.tensor([o]))[0][1:]
+        np.testing.assert_allclose(accepting[t, 0], expected, atol=1e-5)
+        if t >= 1:
+            np.testing.assert_allclose(accepting[t - 1, 1], expected, atol=1e-5)  # step 2 of a round at t - 1 proposes o_t
+        excess = torch.clamp(q - p, min=0)
+        if float(excess.sum()) > 1e-6:  # the rejected proposal is a token the draft favours more than the target
+            log_q = torch.log_softmax(draft_logits.double(), -1)
+            assert any(abs(float(log_q[x]) - float(rejecting[t, 0, 2])) < 1e-5 for x in torch.nonzero(excess > 0)[:, 0].tolist())
     assert 0.0 < accept.mean() < 1.0
 
 
@@ -110,3 +123,80 @@ def test_sampled_traces_replay_with_sampled_acceptances(tmp_path, target, far_dr
     accepted = [c.accepted for e in episodes for c in e.cycles]
     assert 0 < sum(accepted) and max(accepted) <= 4
     assert sum(e.tokens for e in episodes) == int(loaded.offsets[-1])
+
+
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59}
+"""99.9 % quantiles of the chi-squared distribution by degrees of freedom."""
+
+
+def chi2_two_samples(a: Counter, b: Counter) -> tuple[float, int]:
+    """Two-sample chi-squared statistic of two histograms (bins with fewer than 10 counts in both pooled), and its degrees of freedom."""
+    keys = sorted(set(a) | set(b))
+    big = [k for k in keys if a[k] + b[k] >= 10]
+    small = [k for k in keys if k not in big]
+    rows = [(a[k], b[k]) for k in big] + ([(sum(a[k] for k in small), sum(b[k] for k in small))] if small else [])
+    na, nb = sum(x for x, _ in rows), sum(y for _, y in rows)
+    k1, k2 = math.sqrt(nb / na), math.sqrt(na / nb)
+    return sum((x * k1 - y * k2) ** 2 / (x + y) for x, y in rows if x + y), len(rows) - 1
+
+
+@pytest.fixture(scope="module")
+def sampled_runs(target, far_draft):
+    """300 sampled outputs of one prompt recorded as traces, and 300 live generations per policy (T = 1)."""
+    sampling, prompt, n = SamplingConfig(1.0), [9, 2, 2, 5, 11], 300
+    recorder = SpeculativeDecoder(target, far_draft, make_policy("static:1"), sampling)
+    traces = record(recorder, [{"id": str(i), "lang": "en"} for i in range(n)], [prompt] * n, max_new_tokens=16, depth=4, metadata={}, seed=10_000)
+    live = {}
+    for spec in ("static:3", "entropy:1.5"):
+        decoder = SpeculativeDecoder(target, far_draft, make_policy(spec), sampling, max_depth=4)
+        live[spec] = [decoder.generate(prompt, 16, seed=seed).rounds for seed in range(n)]
+    return traces, live
+
+
+def _histograms(rounds_per_generation) -> tuple[Counter, Counter]:
+    accepted, rounds = Counter(), Counter()
+    for rounds_of_one in rounds_per_generation:
+        accepted.update(r.accepted for r in rounds_of_one)
+        rounds[len(rounds_of_one)] += 1
+    return accepted, rounds
+
+
+@pytest.mark.parametrize("spec", ["static:3", "entropy:1.5"])
+def test_sampled_replay_matches_live_decoding_in_distribution(sampled_runs, spec):
+    """Accepted tokens per round and rounds per generation: replay of sampled traces against live decoding,
+    chi-squared at the 0.1 % level, for a fixed depth and a policy that reads the draft's features."""
+    traces, live = sampled_runs
+    replayed = run_policy(ReplayBackend(traces, flat_profile()), make_policy(spec), range(len(traces)))
+    replay_accepted, replay_rounds = _histograms([e.cycles for e in replayed])
+    live_accepted, live_rounds = _histograms(live[spec])
+    for ours, theirs in ((replay_accepted, live_accepted), (replay_rounds, live_rounds)):
+        statistic, df = chi2_two_samples(ours, theirs)
+        assert statistic < CHI2_999[df], (statistic, df, ours, theirs)
+
+
+def test_the_same_test_rejects_a_replay_with_the_ratio_the_wrong_way_round(sampled_runs, target, far_draft):
+    """Accepting along the output with min(1, p(o)/q(o)) (the proposal's rule applied to the emitted token)
+    is far from live decoding; the chi-squared test above says so."""
+    traces, live = sampled_runs
+    sampling, prompt, wrong = SamplingConfig(1.0), [9, 2, 2, 5, 11], []
+    for i in range(len(traces)):
+        output = traces.output(i).tolist()
+        ids = torch.tensor([prompt + output])
+        with torch.no_grad():
+            p = sampling_distribution(target(ids).logits[0, len(prompt) - 1 : -1], sampling)
+            q = sampling_distribution(far_draft(ids).logits[0, len(prompt) - 1 : -1], sampling)
+        index = torch.tensor(output)[:, None]
+        wrong.append(torch.clamp(p.gather(-1, index) / q.gather(-1, index), max=1.0)[:, 0].numpy())
+    naive = dataclasses.replace(traces, accept_prob=np.concatenate(wrong).astype(np.float32))
+    replayed = run_policy(ReplayBackend(naive, flat_profile()), make_policy("static:3"), range(len(naive)))
+    statistic, df = chi2_two_samples(_histograms([e.cycles for e in replayed])[0], _histograms(live["static:3"])[0])
+    assert statistic > CHI2_999[df]
+
+
+def test_sampled_traces_of_the_old_format_are_refused(tmp_path, sampled_runs):
+    traces = sampled_runs[0]
+    arrays = {"match": traces.match.astype(np.int16), "features": traces.features.astype(np.float16),
+              "accept_prob": np.tile(traces.accept_prob[:, None], (1, 4)).astype(np.float16)}
+    write_npz(tmp_path / "old.npz", traces, arrays, "adaptive-draft/trace/1")
+    with pytest.raises(ValueError, match="re-record"):
+        TraceSet.load(tmp_path / "old.npz")

@@ -72,11 +72,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     prompts = select_prompts(args.split, args.lang, args.per_language, args.limit)
     traces = record_chains(pair, name, prompts, split=args.split, dtype=args.dtype, depth=args.depth, max_new_tokens=args.max_new_tokens,
-                           sampling=sampling, outputs=args.outputs, profile=args.profile, seed=args.seed)
+                           sampling=sampling, outputs=args.outputs, profile=args.profile, seed=args.seed, samples=args.samples)
     suffix = "" if sampling.is_greedy else f"-t{args.temperature:g}"
     out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
     traces.save(out)
-    summary = f"mean first-step acceptance {traces.accept_prob[:, 0].mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
+    summary = f"mean acceptance probability {traces.accept_prob.mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
     print(f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, K={args.depth}, {sampling.describe()}, {summary}, "
           f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
           f"({out.stat().st_size / 1e6:.1f} MB)")
@@ -139,10 +139,11 @@ def register(commands) -> None:
     rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")
-    rec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, exact replay (default); > 0 records acceptance probabilities")
+    rec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0: sampled outputs and their acceptance probabilities")
     rec.add_argument("--top-k", type=int, default=None)
     rec.add_argument("--top-p", type=float, default=1.0)
     rec.add_argument("--seed", type=int, default=0, help="seed of the sampled outputs and drafts (T > 0)")
+    rec.add_argument("--samples", type=int, default=1, help="T > 0: sampled outputs recorded per prompt (default 1)")
     rec.add_argument("--profile", help="cost profile to note in the metadata (default profiles/PAIR.json)")
     rec.add_argument("--tree", metavar="K,W,V", help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
                      "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels")

@@ -46,6 +46,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.profile:
         config.env.profile = args.profile
     learned = args.policy or latest_runs(args.runs, config.name)
+    if args.live_per_language == 0 and (args.grid_live_per_language or args.calibration_per_language):
+        print("--live-per-language 0: replay only (no grid search live check, no calibration)")
+        args.grid_live_per_language = args.calibration_per_language = 0
     out = Path(args.out or stamped("evaluations", config.name))
     if config.env.tree:
         evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens, repeats=args.repeats)
