@@ -9,7 +9,7 @@ language: tokens/s (total emitted tokens / total time), speedup over plain, mean
 the per-token acceptance α = accepted / (accepted + rejections) (ours), and whether greedy outputs equal
 plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:mod:`adaptive.divergence`).
 
-Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--temperatures 0,0.7] [--dtype auto]
+Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--repeats 2] [--temperatures 0,0.7] [--dtype auto]
      [--draft DIR] [--policies static:1,...,runs/NAME/policy.json]
 (--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft.)
 """
@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
-from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
+from adaptive import SamplingConfig, SpeculativeDecoder, load_pair
 from adaptive.divergence import first_divergence
+from adaptive.generation import GenerationResult
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_pair_from_paths
 from adaptive.profiling import hardware_description
-from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from adaptive.workload import LANGUAGES
+from lab import live_protocol
 from lab.report import format_table
 from policies import make_policy
 
@@ -41,17 +43,22 @@ HF_MODES = {
 }
 
 
-def hf_assisted(pair, ids: list[int], new_tokens: int, sampling: SamplingConfig, mode: dict, seed: int) -> tuple[list[int], float]:
-    for key, value in mode.items():
-        setattr(pair.draft.generation_config, key, value)
-    torch.manual_seed(seed)
-    kwargs = {"do_sample": False} if sampling.is_greedy else {"do_sample": True, "temperature": sampling.temperature, "top_k": None}
-    start = time.perf_counter()
-    out = pair.target.generate(
-        torch.tensor([ids]), assistant_model=pair.draft, max_new_tokens=new_tokens,
-        pad_token_id=pair.tokenizer.eos_token_id, **kwargs,
-    )
-    return out[0, len(ids) :].tolist(), time.perf_counter() - start
+class Assisted:
+    """transformers' ``generate(assistant_model=…)`` in one of its modes, as a decoder the live protocol runs."""
+
+    def __init__(self, pair, mode: dict, sampling: SamplingConfig) -> None:
+        self.pair, self.mode, self.sampling = pair, mode, sampling
+
+    def generate(self, ids: list[int], new_tokens: int, seed: int = 0) -> GenerationResult:
+        for key, value in self.mode.items():
+            setattr(self.pair.draft.generation_config, key, value)
+        torch.manual_seed(seed)
+        sampled = {"do_sample": True, "temperature": self.sampling.temperature, "top_k": None}
+        start = time.perf_counter()
+        out = self.pair.target.generate(torch.tensor([ids]), assistant_model=self.pair.draft, max_new_tokens=new_tokens,
+                                        pad_token_id=self.pair.tokenizer.eos_token_id, **({"do_sample": False} if self.sampling.is_greedy else sampled))
+        seconds = time.perf_counter() - start
+        return GenerationResult(ids, out[0, len(ids) :].tolist(), [], 0.0, seconds, "length", first_token_time=math.nan)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -59,81 +66,60 @@ def run(args: argparse.Namespace) -> dict:
     hf_draft = isinstance(pair.draft, PreTrainedModel)
     if args.transformers and not hf_draft:
         print(f"transformers' assisted generation needs a transformers draft; {type(pair.draft).__name__} is not: skipped")
-    rows = []
+    prompts, ids = live_protocol.first_prompts(pair, args.split, args.per_language)
+    report = {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens,
+              "split": args.split, "per_language": args.per_language, "repeats": args.repeats, "draft": type(pair.draft).__name__, "runs": {}}
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
-        decoders = {spec: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer) for spec in args.policies}
-        for lang in LANGUAGES:
-            for prompt in load_prompts(args.split, lang=lang)[: args.per_language]:
-                ids = chat_ids(pair.tokenizer, prompt["prompt"])
-                plain = generate_plain(pair.target, ids, args.new_tokens, sampling, tokenizer=pair.tokenizer, seed=args.seed)
-                base = {"sampling": sampling.describe(), "lang": lang, "id": prompt["id"]}
-                rows.append({**base, "config": "plain", "tokens": len(plain.token_ids), "seconds": plain.total_time, "rounds": len(plain.rounds),
-                             "identical": True})
-                for spec, decoder in decoders.items():
-                    result = decoder.generate(ids, args.new_tokens, seed=args.seed)
-                    divergence = first_divergence(pair.target, ids, plain.token_ids, result.token_ids) if sampling.is_greedy else None
-                    rows.append({**base, "config": spec, "tokens": len(result.token_ids), "seconds": result.total_time, "rounds": len(result.rounds),
-                                 "identical": result.token_ids == plain.token_ids, "accepted": sum(r.accepted for r in result.rounds),
-                                 "rejections": sum(r.accepted < r.verified for r in result.rounds),
-                                 "near_tie": None if divergence is None else divergence.near_tie})
-                if args.transformers and hf_draft:
-                    for name, mode in HF_MODES.items():
-                        tokens, seconds = hf_assisted(pair, ids, args.new_tokens, sampling, mode, args.seed)
-                        rows.append({**base, "config": name, "tokens": len(tokens), "seconds": seconds, "rounds": None,
-                                     "identical": tokens == plain.token_ids})
-                print(f"done {sampling.describe()} {prompt['id']}", flush=True)
-    return {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens,
-            "split": args.split, "per_language": args.per_language, "draft": type(pair.draft).__name__, "rows": rows}
+        decoders = {spec: (lambda spec=spec, sampling=sampling: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling,
+                                                                             tokenizer=pair.tokenizer))
+                    for spec in args.policies}
+        if args.transformers and hf_draft:
+            decoders.update({name: (lambda mode=mode, sampling=sampling: Assisted(pair, mode, sampling)) for name, mode in HF_MODES.items()})
+        live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, sampling.describe(), sampling, args.seed)
+        if sampling.is_greedy:
+            for name, rows in live.items():
+                for row, plain, prompt_ids in zip(rows, live[live_protocol.PLAIN], ids, strict=True):
+                    divergence = first_divergence(pair.target, prompt_ids, plain["token_ids"], row["token_ids"]) if name != live_protocol.PLAIN else None
+                    row["near_tie"] = None if divergence is None else divergence.near_tie
+        report["runs"][sampling.describe()] = live
+    return report
 
 
 def summarise(report: dict) -> str:
-    groups: dict[tuple, dict] = defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "rounds": 0, "identical": True, "n": 0, "accepted": 0, "rejections": 0})
-    for row in report["rows"]:
-        for lang in (row["lang"], "all"):
-            g = groups[(row["sampling"], row["config"], lang)]
-            g["tokens"] += row["tokens"]
-            g["seconds"] += row["seconds"]
-            g["rounds"] += row["rounds"] or 0
-            g["identical"] &= row["identical"]
-            g["accepted"] += row.get("accepted", 0)
-            g["rejections"] += row.get("rejections", 0)
-            g["n"] += 1
     lines = []
-    for sampling in dict.fromkeys(r["sampling"] for r in report["rows"]):
-        configs = list(dict.fromkeys(r["config"] for r in report["rows"] if r["sampling"] == sampling))
-        header = ["config", *(f"{lang} tok/s (x)" for lang in (*LANGUAGES, "all")), "tau (all)", *(f"alpha {lang}" for lang in LANGUAGES)]
-        if sampling == "greedy":
-            header.append("= plain")
+    for sampling, live in report["runs"].items():
+        summary = live_protocol.summarise(live)
+        greedy = sampling == "greedy"
+        header = ["config", *(f"{lang} tok/s (x)" for lang in LANGUAGES), "all tok/s (x) [95 %]", "tau (all)", *(f"alpha {lang}" for lang in LANGUAGES)]
         table = []
-        for config in configs:
-            cells = [config]
-            for lang in (*LANGUAGES, "all"):
-                g, base = groups[(sampling, config, lang)], groups[(sampling, "plain", lang)]
-                rate, base_rate = g["tokens"] / g["seconds"], base["tokens"] / base["seconds"]
-                cells.append(f"{rate:.1f} ({rate / base_rate:.2f}x)")
-            g = groups[(sampling, config, "all")]
-            cells.append(f"{g['tokens'] / g['rounds']:.2f}" if g["rounds"] and config != "plain" else "-")
+        for config, rows in live.items():
+            data = summary[config]
+            cells = [config, *(f"{data[lang]['tokens_per_second']:.1f} ({data[lang]['speedup']:.2f}x)" for lang in LANGUAGES)]
+            d = data["all"]
+            cells.append(f"{d['tokens_per_second']:.1f} ({d['speedup']:.2f}x) [{d['low']:.2f}, {d['high']:.2f}]"
+                         + (" n.s." if d["verdict"] == "not significant" and config != live_protocol.PLAIN else ""))
+            cells.append(f"{d['tau']:.2f}" if sum(r["rounds"] for r in rows) and config != live_protocol.PLAIN else "-")
             for lang in LANGUAGES:
-                g_lang = groups[(sampling, config, lang)]
-                seen = g_lang["accepted"] + g_lang["rejections"]
-                cells.append(f"{g_lang['accepted'] / seen:.2f}" if seen else "-")
-            if sampling == "greedy":
-                cells.append("yes" if g["identical"] else "NO")
+                mine = [r for r in rows if r["lang"] == lang]
+                seen = sum(r["accepted"] + r["rejections"] for r in mine)
+                cells.append(f"{sum(r['accepted'] for r in mine) / seen:.2f}" if seen else "-")
+            if greedy:
+                cells.append("yes" if d["identical"] else "NO")
             table.append(cells)
-        lines.append(f"**{sampling}**, {report['per_language']} test prompts per language, {report['new_tokens']} new tokens, "
-                     "speedup over plain in parentheses\n")
-        lines.append(format_table(header, table))
+        lines.append(f"**{sampling}**, {report['per_language']} {report['split']} prompts per language, {report['new_tokens']} new tokens, "
+                     f"each configuration {report['repeats']}x per prompt in rotating order (medians); speedup over plain in parentheses\n")
+        lines.append(format_table(header + (["= plain"] if greedy else []), table))
         lines.append("")
-    diverged = [r for r in report["rows"] if r.get("near_tie") is not None]
-    if diverged:
-        greedy_runs = [r for r in report["rows"] if r["sampling"] == "greedy" and "near_tie" in r]
-        lines.append(f"Greedy outputs diverging from plain greedy: {len(diverged)} of {len(greedy_runs)} runs; at a near-tie: "
-                     f"{sum(r['near_tie'] for r in diverged)} (adaptive.divergence: the target's gap between the two tokens within 4 ulps "
-                     "under both a 1-token and a k-token forward).\n")
+        diverged = [r for rows in live.values() for r in rows if r.get("near_tie") is not None]
+        if greedy and diverged:
+            runs = sum(len(rows) for name, rows in live.items() if name != live_protocol.PLAIN)
+            lines.append(f"Greedy outputs diverging from plain greedy: {len(diverged)} of {runs} runs; at a near-tie: "
+                         f"{sum(r['near_tie'] for r in diverged)} (adaptive.divergence: the target's gap between the two tokens within 4 ulps "
+                         "under both a 1-token and a k-token forward).\n")
     hw = report["hardware"]
     lines.append(f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, "
-                 f"draft {report.get('draft', '')}, {report['dtype']}.")
+                 f"draft {report['draft']}, {report['dtype']}.")
     return "\n".join(lines)
 
 
@@ -144,9 +130,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="auto (default: bfloat16 where the CPU multiplies it natively), float32 or bfloat16")
     parser.add_argument("--draft", help="a draft folder for the pair's target (e.g. an EAGLE-3 head) instead of the pair's draft")
     parser.add_argument("--per-language", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration per prompt, rotating order; medians")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.7])
-    parser.add_argument("--policies", type=lambda s: s.split(","), default=POLICIES)
+    parser.add_argument("--policies", type=lambda s: s.split(","), default=POLICIES, help="policy specs or learned policy paths, comma-separated")
     parser.add_argument("--no-transformers", dest="transformers", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pair_speedup"))

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
+from adaptive.sampling import GREEDY, SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
@@ -51,14 +52,15 @@ def rotation(names: Sequence[str], turn: int) -> list[str]:
 
 
 def measure(target, prompts: Sequence[dict], prompt_ids: Sequence[list[int]], decoders: dict[str, Callable[[], object]], new_tokens: int,
-            repeats: int = 2, desc: str = "live") -> dict[str, list[dict]]:
-    """Plain decoding of ``target`` and every decoder (factories of objects with ``generate(ids, n)``) on
-    each prompt (workload rows with ``id`` and ``lang``; ``prompt_ids``: their token ids).
+            repeats: int = 2, desc: str = "live", sampling: SamplingConfig = GREEDY, seed: int = 0) -> dict[str, list[dict]]:
+    """Plain decoding of ``target`` and every decoder (factories of objects with ``generate(ids, n, seed=)``
+    returning a :class:`~adaptive.generation.GenerationResult`) on each prompt (workload rows with ``id`` and
+    ``lang``; ``prompt_ids``: their token ids); plain decoding samples with ``sampling``, every run with ``seed``.
 
     Per configuration (``plain`` and each decoder's name) one row per prompt: tokens, the median
-    seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them), rounds, TTFT,
-    inter-token gaps of the median run, whether the output equals plain's, peak memory. A progress bar
-    over generations shows the time left."""
+    seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them), rounds, accepted
+    and rejecting rounds, TTFT, inter-token gaps and token ids of the median run, whether every run's
+    output equals plain's, peak memory. A progress bar over generations shows the time left."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = [PLAIN, *decoders]
@@ -69,7 +71,10 @@ def measure(target, prompts: Sequence[dict], prompt_ids: Sequence[list[int]], de
             for repeat in range(repeats):
                 for name in rotation(names, index * repeats + repeat):
                     with PeakMemory(target.device) as peak:
-                        result = generate_plain(target, ids, new_tokens) if name == PLAIN else decoders[name]().generate(ids, new_tokens)
+                        if name == PLAIN:
+                            result = generate_plain(target, ids, new_tokens, sampling, seed=seed)
+                        else:
+                            result = decoders[name]().generate(ids, new_tokens, seed=seed)
                     runs[name].append((result, peak.mib))
                     progress.update()
             plain_tokens = runs[PLAIN][0][0].token_ids
@@ -91,7 +96,8 @@ def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:
     return {
         "lang": prompt["lang"], "id": prompt["id"], "tokens": len(median.token_ids), "seconds": statistics.median(r.total_time for r, _ in runs),
         "seconds_runs": [r.total_time for r, _ in runs], "rounds": len(median.rounds), "ttft": statistics.median(r.first_token_time for r, _ in runs),
-        "gaps": [r.total_time / r.emitted for r in median.rounds for _ in range(r.emitted)],
+        "accepted": sum(r.accepted for r in median.rounds), "rejections": sum(r.accepted < r.verified for r in median.rounds),
+        "gaps": [r.total_time / r.emitted for r in median.rounds for _ in range(r.emitted)], "token_ids": list(median.token_ids),
         "identical": all(r.token_ids == plain_tokens for r, _ in runs),
         "peak_mib": max((mib for _, mib in runs if mib is not None), default=None),
     }

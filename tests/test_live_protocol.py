@@ -22,9 +22,9 @@ class Logged:
     def __init__(self, name: str, decoder, log: list[str]) -> None:
         self.name, self.decoder, self.log = name, decoder, log
 
-    def generate(self, ids, new_tokens):
+    def generate(self, ids, new_tokens, seed=None):
         self.log.append(self.name)
-        return self.decoder.generate(ids, new_tokens)
+        return self.decoder.generate(ids, new_tokens, seed=seed)
 
 
 def test_rotation_puts_every_configuration_first_equally_often():
