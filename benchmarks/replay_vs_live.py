@@ -2,9 +2,12 @@
 and environment steps per second.
 
 1. For the first prompts per language of a trace file, each policy decodes live (real models, the traces'
-   sampling setting) and in replay. Greedy traces: rounds whose accepted length agrees (exactness). Both:
+   sampling setting) and in replay. Greedy traces: rounds whose accepted length agrees (exactness), and
    accepted tokens per round and the replay's modelled draft + verify seconds per token against the live
-   measured ones (error = replay / live - 1, per policy and overall). Sampled traces average several runs.
+   measured ones (error = replay / live - 1, per policy and overall). Sampled traces (exact in
+   distribution): every recorded output of each prompt replayed --repeats times against --repeats live
+   generations per prompt; per policy the replay's accepted tokens per round and seconds per token, and
+   whether each lies inside the live value's 95 % bootstrap interval over prompts.
 2. Steps per second of the replay env and the live env (random depth actions, one torch thread), as a ratio.
 
 Run: .venv/bin/python benchmarks/replay_vs_live.py [--traces data/traces/smollm2-135m-val.npz] [--per-language 2]
@@ -30,6 +33,7 @@ from envs.env import SpecDecodeEnv
 from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
+from lab.environments import quick_profile
 from lab.report import format_table
 from policies import make_policy
 
@@ -52,8 +56,12 @@ def steps_per_second(env: SpecDecodeEnv, seconds: float, seed: int = 0) -> tuple
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     traces = TraceSet.load(args.traces)
-    profile = CostProfile.load(args.profile)
     pair = load_pair(traces.metadata["pair"])
+    if args.profile == "auto":  # this machine, now: what the live side is measured on
+        profile = quick_profile(pair, traces.depth + 1)
+        profile.save(Path(args.out + "-profile.json"))
+        args.profile = args.out + "-profile.json"
+    profile = CostProfile.load(args.profile)
     split = traces.metadata["split"]
     rows_by_id = {p["id"]: p for p in load_prompts(split)}
     chosen = []
@@ -61,7 +69,9 @@ def run(args: argparse.Namespace) -> dict:
         chosen += [i for i, other in enumerate(traces.langs) if other == lang][: args.per_language]
     replay = ReplayBackend(traces, profile)
     sampling = SamplingConfig(traces.metadata.get("temperature", 0.0), traces.metadata.get("top_k"), traces.metadata.get("top_p", 1.0))
-    repeats = 1 if sampling.is_greedy else args.repeats
+    if not sampling.is_greedy:
+        return run_sampled(args, traces, replay, pair, sampling)
+    repeats = 1
     results = []
     for index in chosen:
         ids = chat_ids(pair.tokenizer, rows_by_id[traces.prompt_ids[index]]["prompt"])
@@ -111,6 +121,64 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def run_sampled(args: argparse.Namespace, traces: TraceSet, replay: ReplayBackend, pair, sampling: SamplingConfig) -> dict:
+    """Per distinct prompt (the first --per-language per language) and policy: --repeats live generations
+    and --repeats replays of each recorded output of the prompt; round counts, accepted tokens, tokens and
+    draft + verify seconds of each side."""
+    rows_by_id = {p["id"]: p for p in load_prompts(traces.metadata["split"])}
+    entries: dict[str, list[int]] = {}
+    for i, prompt_id in enumerate(traces.prompt_ids):
+        entries.setdefault(prompt_id, []).append(i)
+    chosen = [pid for lang in LANGUAGES for pid in [p for p in entries if traces.langs[entries[p][0]] == lang][: args.per_language]]
+    results = []
+    for prompt_id in chosen:
+        ids = chat_ids(pair.tokenizer, rows_by_id[prompt_id]["prompt"])
+        for spec in POLICIES:
+            decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, max_depth=traces.depth)
+            lives = [decoder.generate(ids, traces.max_new_tokens, seed=seed) for seed in range(args.repeats)]
+            replays = [e for seed in range(args.repeats) for e in run_policy(replay, make_policy(spec), entries[prompt_id], 0.0, seed=seed)]
+            results.append({
+                "prompt": prompt_id, "lang": traces.langs[entries[prompt_id][0]], "policy": spec, "outputs": len(entries[prompt_id]),
+                "live_rounds": sum(len(g.rounds) for g in lives), "live_accepted": sum(r.accepted for g in lives for r in g.rounds),
+                "live_tokens": sum(len(g.token_ids) for g in lives), "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
+                "replay_rounds": sum(len(e.cycles) for e in replays), "replay_accepted": sum(c.accepted for e in replays for c in e.cycles),
+                "replay_tokens": sum(e.tokens for e in replays),
+                "replay_seconds": sum(c.draft_seconds + c.verify_seconds for e in replays for c in e.cycles),
+            })
+            print(f"{prompt_id} {spec}: accepted/round live {results[-1]['live_accepted'] / results[-1]['live_rounds']:.2f} "
+                  f"replay {results[-1]['replay_accepted'] / results[-1]['replay_rounds']:.2f}", flush=True)
+    return {"traces": str(args.traces), "sampling": sampling.describe(), "repeats": args.repeats, "profile": str(args.profile),
+            "hardware": hardware_description(pair.target.device), "sampled_rows": results}
+
+
+def _ratio_interval(rows: list[dict], top: str, bottom: str, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Σ top / Σ bottom over rows, and its 95 % percentile interval from a bootstrap over rows (prompts)."""
+    a, b = np.array([r[top] for r in rows], dtype=float), np.array([r[bottom] for r in rows], dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(rows), size=(resamples, len(rows)))
+    low, high = np.percentile(a[picks].sum(1) / b[picks].sum(1), [2.5, 97.5])
+    return float(a.sum() / b.sum()), float(low), float(high)
+
+
+def sampled_report(result: dict) -> str:
+    rows, table = result["sampled_rows"], []
+    for spec in [*POLICIES, "all"]:
+        mine = [r for r in rows if spec in (r["policy"], "all")]
+        cells = [spec, len({r["prompt"] for r in mine}), sum(r["outputs"] for r in mine) // max(1, len({r["policy"] for r in mine}))]
+        for top, bottom in (("accepted", "rounds"), ("seconds", "tokens")):
+            value, low, high = _ratio_interval(mine, f"live_{top}", f"live_{bottom}")
+            replayed = sum(r[f"replay_{top}"] for r in mine) / sum(r[f"replay_{bottom}"] for r in mine)
+            scale = 1e3 if top == "seconds" else 1.0
+            cells += [f"{value * scale:.3f} [{low * scale:.3f}, {high * scale:.3f}]", f"{replayed * scale:.3f}", "yes" if low <= replayed <= high else "NO"]
+        table.append(cells)
+    header = ["policy", "prompts", "recorded outputs", "live accepted/round [95 %]", "replay", "inside",
+              "live ms/token [95 %]", "replay", "inside"]
+    return "\n".join([
+        f"Sampled replay vs live on {result['traces']} ({result['sampling']}): {result['repeats']} live generations per prompt and "
+        f"{result['repeats']} replays of each recorded output; profile {result['profile']}; time is draft + verify per emitted token; "
+        "intervals: bootstrap over prompts.", "", format_table(header, table), "",
+        f"Hardware: {result['hardware']['processor']}, torch {result['hardware']['torch']}."])
+
+
 def report(result: dict) -> str:
     rows = result["rows"]
     greedy = "rounds_equal" in rows[0]
@@ -146,15 +214,15 @@ def report(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", default="data/traces/smollm2-135m-val.npz")
-    parser.add_argument("--profile", default="profiles/smollm2-135m.json")
+    parser.add_argument("--profile", default="auto", help="auto (default): measure this machine first; or a profile file")
     parser.add_argument("--per-language", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per prompt and policy for sampled traces")
+    parser.add_argument("--repeats", type=int, default=3, help="sampled traces: live generations per prompt and replays per recorded output")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for the live decoding comparison")
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of each steps-per-second measurement")
     parser.add_argument("--out", default="benchmarks/results/replay_vs_live")
     args = parser.parse_args()
     result = run(args)
-    text = report(result)
+    text = sampled_report(result) if "sampled_rows" in result else report(result)
     print(text)
     Path(args.out + ".json").write_text(json.dumps(result, indent=1))
     Path(args.out + ".md").write_text(text + "\n")

@@ -107,8 +107,8 @@ class SpecDecodeEnv(gym.Env):
         for _ in range(100):  # a generation that ends without any decision is skipped (unless one was asked for)
             if self.partner is not None:
                 self.partner.reset()
-            if prompt is not None:
-                self.backend.start_prompt(int(prompt))
+            if prompt is not None:  # with seed, the generation's randomness (sampled replay) is seeded by (seed, prompt)
+                self.backend.start_prompt(int(prompt), None if seed is None else np.random.default_rng((seed, int(prompt))))
             else:
                 self.backend.start(self.np_random)
             self._cycle_over = False

@@ -47,12 +47,14 @@ def run_policy(
     policy: DraftPolicy,
     prompts: Sequence[int],
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
+    seed: int | None = None,
 ) -> list[Episode]:
-    """Generate for each prompt index with ``policy`` deciding depth (and, as partner, verification size)."""
+    """Generate for each prompt index with ``policy`` deciding depth (and, as partner, verification size);
+    ``seed`` draws each generation's randomness (sampled replay) from (seed, prompt) instead of the prompt alone."""
     env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=decision_seconds, episode="generation")
     episodes = []
     for prompt in prompts:
-        env.reset(options={"prompt": prompt})
+        env.reset(seed=seed, options={"prompt": prompt})
         views: list[RoundView] = []
         _view_new_cycles(env.episode_cycles, views, float("nan"))
         terminated = backend.done

@@ -25,6 +25,14 @@ QUICK_CONTEXTS = (64, 128, 256)
 """Contexts a measured-at-start profile covers (replay interpolates between them)."""
 
 
+def quick_profile(pair, max_verify: int, tree_mask: bool = False) -> CostProfile:
+    """A short profile of a loaded pair on this machine: interleaved sweeps at three contexts, medians."""
+    start = time.perf_counter()
+    profile = profile_pair(pair.target, pair.draft, max_verify=max_verify, contexts=QUICK_CONTEXTS, reference_context=128, repetitions=5,
+                           tree_mask=tree_mask)
+    return profile.with_metadata(measure_seconds=round(time.perf_counter() - start, 1))
+
+
 def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None) -> Path:
     """A short profile of the config's pair on this machine (interleaved sweeps, medians; well under a
     minute at bf16), saved as ``folder/profile.json``: draft step and verification of 1 to ``max_verify``
@@ -32,16 +40,12 @@ def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | No
     env = config.env
     if max_verify is None:
         max_verify = max(env.max_depth, env.tree_size if env.tree else 0) + 1
-    pair = load_pair(config.pair, config.dtype)
-    start = time.perf_counter()
-    profile = profile_pair(pair.target, pair.draft, max_verify=max_verify, contexts=QUICK_CONTEXTS, reference_context=128, repetitions=5,
-                           tree_mask=env.tree)
-    profile = profile.with_metadata(measured_for=config.name, measure_seconds=round(time.perf_counter() - start, 1))
+    profile = quick_profile(load_pair(config.pair, config.dtype), max_verify, env.tree).with_metadata(measured_for=config.name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "profile.json"
     profile.save(path)
     log.info("measured a cost profile of %s on this machine in %.0f s: target step %.1f ms, c %.3f -> %s",
-             config.pair, time.perf_counter() - start, profile.target_step_seconds * 1e3, profile.c, path)
+             config.pair, profile.document["measure_seconds"], profile.target_step_seconds * 1e3, profile.c, path)
     return path
 
 
