@@ -56,7 +56,7 @@ def steps_per_second(env: SpecDecodeEnv, seconds: float, seed: int = 0) -> tuple
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     traces = TraceSet.load(args.traces)
-    pair = load_pair(traces.metadata["pair"])
+    pair = load_pair(traces.metadata["pair"], traces.metadata.get("dtype", "float32"))  # live at the dtype the traces were recorded at
     if args.profile == "auto":  # this machine, now: what the live side is measured on
         profile = quick_profile(pair, traces.depth + 1)
         profile.save(Path(args.out + "-profile.json"))

@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     traces, profile = TreeTraceSet.load(args.traces), CostProfile.load(args.profile)
-    pair = load_pair(traces.metadata["pair"])
+    pair = load_pair(traces.metadata["pair"], traces.metadata.get("dtype", "float32"))  # live at the dtype the traces were recorded at
     shape, depth = traces.shape, traces.max_depth
     rows_by_id = {p["id"]: p for p in load_prompts(traces.metadata["split"])}
     chosen = first_per_language(traces.langs, args.per_language)
