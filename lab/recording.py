@@ -25,9 +25,10 @@ TRACES = Path("data") / "traces"
 
 
 def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) -> dict:
-    """What every trace file records about how it was made."""
+    """What every trace file records about how it was made (``dtype``: as run; ``dtype_asked``: as given, e.g. auto)."""
     return {
-        "pair": name, "tokenizer": pair.tokenizer.name_or_path, "split": split, "dtype": dtype,
+        "pair": name, "tokenizer": pair.tokenizer.name_or_path, "split": split, "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "dtype_asked": dtype,
         "recorded_on": hardware_description(pair.target.device), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
     }
 
