@@ -1,12 +1,11 @@
 """The EAGLE-3 draft head: its public on-disk layout, the training-time test against step-by-step drafting,
-and a resumable training run on a tiny target."""
+drafting chains and trees, recording and replay (training: tests/test_draft_training.py)."""
 
 from __future__ import annotations
 
 import json
 import time
 
-import numpy as np
 import pytest
 import torch
 from conftest import flat_profile, tiny_llama
@@ -23,7 +22,6 @@ from adaptive.tree_traces import record_trees
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
 from envs.tree_replay import TreeReplayBackend
-from lab.distill_eagle3 import HeadTrainingConfig, train_head
 from policies import make_policy
 
 VOCAB_IDS = torch.tensor([0, 1, 2, 3, 5, 8, 9, 12, 13, 15])
@@ -106,39 +104,6 @@ def test_training_time_test_equals_step_by_step_drafting(deep_target):
         reference = _drafted_states(head, tokens[0], aux[0], base, steps=4)
         for step in range(4):
             assert torch.allclose(unrolled[step][0, base], reference[step][0], atol=1e-10), (base, step)
-
-
-def _shards(folder, target, count: int = 24) -> None:
-    folder.mkdir()
-    generator = torch.Generator().manual_seed(0)
-    rows = []
-    for i in range(count):
-        prompt = torch.randint(0, 16, (5,), generator=generator).tolist()
-        with torch.no_grad():
-            response = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 5:].tolist()
-        rows.append({"id": f"p{i}", "lang": ("it", "en")[i % 2], "task": "question", "prompt_ids": prompt, "response": response})
-    (folder / "greedy-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-class _Tokenizer:
-    pad_token_id, eos_token_id, all_special_ids = 0, 0, [0]
-
-
-def test_head_training_learns_resumes_and_writes_the_layout(deep_target, tmp_path):
-    _shards(tmp_path / "data", deep_target)
-    config = HeadTrainingConfig(draft_vocab_size=10, steps=30, batch_size=4, max_length=32, learning_rate=3e-3, warmup_steps=2,
-                                ttt_steps=3, checkpoint_every=15, heldout_percent=20, heldout_sequences=8)
-    first = HeadTrainingConfig(**{**config.__dict__, "steps": 15})
-    train_head(deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", first)  # stops at step 15, as a killed run would
-    state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
-    assert state["step"] == 15
-    measured = train_head(deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", config)
-    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
-    assert [entry["step"] for entry in log] == [0, 15, 30]  # the untrained head, then each checkpoint
-    assert log[-1]["heldout_loss"] < 0.9 * log[0]["heldout_loss"], [entry["heldout_loss"] for entry in log]
-    assert len(measured["accuracy"]) == 3 and 1.0 <= measured["tau_depth4"] <= 4.0
-    head = load_head(tmp_path / "out", deep_target)
-    assert head.config.draft_vocab_size == 10
 
 
 @pytest.mark.parametrize("spec", ["static:1", "static:4", "heuristic:2", "confidence:0.3"])
@@ -248,21 +213,3 @@ def test_a_heads_tree_traces_replay_live_tree_rounds(eagle_head, target):
 def test_recording_refuses_a_one_token_prompt_for_a_head(eagle_head, target):
     with pytest.raises(ValueError, match="2 tokens or more"):
         draft_trace(target, eagle_head, [3], [4, 5, 6], 3)
-
-
-def test_training_from_the_feature_cache_equals_training_from_the_target(deep_target, tmp_path):
-    """The first run fills the cache; a second from scratch reads every batch from it and logs the same
-    losses and held-out accuracies; a run without the cache does too."""
-    _shards(tmp_path / "data", deep_target)
-    config = HeadTrainingConfig(draft_vocab_size=10, steps=12, batch_size=4, max_length=32, learning_rate=3e-3, warmup_steps=2,
-                                ttt_steps=3, checkpoint_every=6, heldout_percent=20, heldout_sequences=8)
-    logs = []
-    for run, features in (("filling", tmp_path / "cache"), ("reading", tmp_path / "cache"), ("recomputing", None)):
-        train_head(deep_target, _Tokenizer(), tmp_path / "data", tmp_path / run, config, features)
-        logs.append([json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()])
-        if run == "filling":
-            (folder,) = (tmp_path / "cache").iterdir()
-            assert np.load(folder / "greedy-00000.jsonl.filled.npy").sum() >= 12 // 2  # 19 training rows, 12 batches of 4 seen
-    for other in logs[1:]:
-        for a, b in zip(logs[0], other, strict=True):
-            assert a.get("loss", 0.0) == pytest.approx(b.get("loss", 0.0), rel=1e-6) and a["accuracy"] == b["accuracy"]

@@ -16,9 +16,10 @@ from adaptive.profiling import profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from lab.cli.common import add_pair_arguments, pair_from_arguments, pair_name
-from lab.distill import DistillConfig, distill
+from lab.distill import StandaloneKind
 from lab.distill_data import POOL, SHARDS, generate_shards
-from lab.distill_eagle3 import HeadTrainingConfig, train_head
+from lab.distill_eagle3 import Eagle3Kind
+from lab.draft_training import TrainingConfig, train_draft
 from lab.recording import TRACES, record_chains, record_tree_traces, select_prompts
 from lab.report import format_table
 
@@ -93,26 +94,14 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    """Distil a draft for the default target (long: run it in the background): a standalone model on the
-    workload corpus, or an EAGLE-3 head on the self-distillation shards."""
+    """Train a draft for the default target on its own responses to the draft-training prompts (long: run
+    it in the background; rerun with the same --out to continue): a standalone model or an EAGLE-3 head."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.kind == "eagle3":
-        target, tokenizer = load_target("smollm2-135m", args.target_dtype)
-        config = HeadTrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                                    ttt_steps=args.ttt_steps, seed=args.seed)
-        features = None if args.feature_cache == "none" else Path(args.feature_cache)
-        print(json.dumps(train_head(target, tokenizer, Path(args.data), Path(args.out), config, features), indent=1))
-        return 0
-    corpus = Path(args.corpus or cache_root() / "corpus.jsonl")
-    if not corpus.is_file():
-        raise ValueError(f"corpus {corpus} is missing; build it with `python scripts/build_workload.py`")
-    target, tokenizer = load_target("smollm2-135m")
-    config = DistillConfig(
-        num_layers=args.layers, vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-        response_fraction=args.response_fraction, seed=args.seed, init=args.init,
-    )
-    summary = distill(target.requires_grad_(False), tokenizer, corpus, Path(args.out), config, cache_root() / "distill")
-    print(json.dumps(summary, indent=1))
+    kind = Eagle3Kind(args.ttt_steps) if args.kind == "eagle3" else StandaloneKind(args.layers, args.init)
+    target, tokenizer = load_target("smollm2-135m", args.target_dtype)
+    config = TrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed)
+    features = None if args.feature_cache == "none" else Path(args.feature_cache)
+    print(json.dumps(train_draft(kind, target, tokenizer, Path(args.data), Path(args.out), config, features), indent=1))
     return 0
 
 
@@ -161,21 +150,19 @@ def register(commands) -> None:
     data.add_argument("--seed", type=int, default=0)
     data.set_defaults(func=cmd_distill_data)
 
-    dist = commands.add_parser("distill", help="distil a draft from the default target: a standalone model or an EAGLE-3 head")
+    dist = commands.add_parser("distill", help="train a draft for the default target on its own responses: a standalone model or an EAGLE-3 head")
     dist.add_argument("--kind", choices=["standalone", "eagle3"], default="standalone", help="standalone 2-layer model (default) or EAGLE-3 head")
-    dist.add_argument("--out", required=True, help="folder for the draft, its checkpoints and log (rerun to continue an eagle3 run)")
-    dist.add_argument("--data", default=str(SHARDS), help="eagle3: response shards (adaptive distill-data)")
-    dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
-    dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="eagle3: dtype of the target's forward")
-    dist.add_argument("--feature-cache", default=str(cache_root() / "features"),
-                      help="eagle3: folder for the target's features on local disk, read instead of recomputed after the first epoch (none: recompute)")
-    dist.add_argument("--corpus", help="corpus JSONL (default: the one scripts/build_workload.py wrote)")
-    dist.add_argument("--layers", type=int, default=2)
-    dist.add_argument("--vocab", type=int, default=8192, help="size of the draft's output token subset")
-    dist.add_argument("--steps", type=int, default=900)
+    dist.add_argument("--out", required=True, help="folder for the draft, its checkpoint and log (rerun to continue)")
+    dist.add_argument("--data", default=str(SHARDS), help="response shards (adaptive distill-data)")
+    dist.add_argument("--steps", type=int, default=4000, help="optimiser steps in all (cosine schedule over them)")
     dist.add_argument("--batch-size", type=int, default=8)
     dist.add_argument("--learning-rate", type=float, default=5e-4, help="peak AdamW learning rate")
-    dist.add_argument("--response-fraction", type=float, default=0.5, help="share of each batch from target responses")
-    dist.add_argument("--init", help="continue from this saved draft folder (keeps its layers and token subset)")
+    dist.add_argument("--vocab", type=int, default=8192, help="size of the draft vocabulary")
+    dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="dtype of the target's forward")
+    dist.add_argument("--feature-cache", default=str(cache_root() / "features"),
+                      help="folder for the target's features on local disk, read instead of recomputed after the first epoch (none: recompute)")
+    dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
+    dist.add_argument("--layers", type=int, default=2, help="standalone: transformer layers, initialised from the target's first")
+    dist.add_argument("--init", help="standalone: start from this saved draft folder (keeps its layers and vocabulary)")
     dist.add_argument("--seed", type=int, default=0)
     dist.set_defaults(func=cmd_distill)

@@ -1,0 +1,107 @@
+"""Training drafts on the target's own responses, both kinds, on a tiny target: the draft vocabulary, the
+standalone draft's loss, learning and resuming, the public layouts, and the feature cache."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+
+from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.draft_model import build_draft, load_draft
+from adaptive.eagle3 import load_head
+from lab.distill import StandaloneKind, kl_loss
+from lab.distill_eagle3 import Eagle3Kind
+from lab.draft_training import Batch, Sequence, TrainingConfig, draft_log_probs, draft_vocabulary, train_draft
+from policies import make_policy
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    return tiny_llama(seed=3, layers=6, dtype=torch.float32)
+
+
+def _shards(folder, target, count: int = 24) -> None:
+    folder.mkdir()
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(count):
+        prompt = torch.randint(0, 16, (5,), generator=generator).tolist()
+        with torch.no_grad():
+            response = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, 5:].tolist()
+        rows.append({"id": f"p{i}", "lang": ("it", "en")[i % 2], "task": "question", "prompt_ids": prompt, "response": response})
+    (folder / "greedy-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class _Tokenizer:
+    pad_token_id, eos_token_id, all_special_ids = 0, 0, [0]
+
+
+def _config(**changes) -> TrainingConfig:
+    return TrainingConfig(**{"draft_vocab_size": 10, "steps": 30, "batch_size": 4, "max_length": 32, "learning_rate": 3e-3, "warmup_steps": 2,
+                             "checkpoint_every": 15, "heldout_percent": 20, "heldout_sequences": 8, **changes})
+
+
+def test_the_draft_vocabulary_keeps_the_required_then_the_most_frequent_tokens():
+    rows = [Sequence("g:a", "en", [7, 7, 7, 8], [1, 1, 1, 2, 2, 3], "s", 0), Sequence("g:b", "en", [7], [1, 2, 4], "s", 1)]
+    assert draft_vocabulary(rows, 2, always=[9]).tolist() == [1, 9]
+    assert draft_vocabulary(rows, 4, always=[]).tolist() == [1, 2, 3, 4]
+    assert draft_vocabulary(rows, 5, always=[]).tolist() == [1, 2, 3, 4, 7]  # then prompt tokens, which responses copy
+    with pytest.raises(ValueError, match="only 6 distinct tokens"):
+        draft_vocabulary(rows, 7, always=[])
+
+
+def test_the_standalone_loss_is_zero_for_a_draft_equal_to_the_target(target):
+    full = build_draft(target, target.config.num_hidden_layers, torch.arange(16)).double()
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        final = target.model(input_ids=tokens).last_hidden_state
+    batch = Batch(tokens, torch.ones_like(tokens), torch.tensor([[False, True, True, True, False]]), torch.zeros(1, 5, 96),
+                  draft_log_probs(final, target.get_output_embeddings().weight))
+    loss, predicted = kl_loss(full, batch)
+    assert loss.item() < 1e-9 and predicted.shape == tokens.shape
+
+
+@pytest.mark.parametrize("kind", [Eagle3Kind(ttt_steps=3), StandaloneKind(num_layers=1)], ids=["eagle3", "standalone"])
+def test_training_learns_resumes_and_writes_a_loadable_draft(deep_target, tmp_path, kind):
+    _shards(tmp_path / "data", deep_target)
+    train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config(steps=15))  # stops at 15, as a killed run would
+    state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 15 and state["kind"] == kind.name
+    measured = train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config())
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in log] == [0, 15, 30]  # the untrained draft, then each checkpoint
+    assert log[-1]["heldout_loss"] < 0.9 * log[0]["heldout_loss"], [entry["heldout_loss"] for entry in log]
+    assert len(measured["accuracy"]) == kind.steps_predicted and log[-1]["accuracy"][0] > log[0]["accuracy"][0]
+    if kind.name == "eagle3":
+        assert 1.0 <= measured["tau_depth4"] <= 4.0
+        draft = load_head(tmp_path / "out", deep_target)
+        assert draft.config.draft_vocab_size == 10
+    else:
+        assert measured["tau_depth4"] is None
+        draft = load_draft(tmp_path / "out", deep_target)
+        assert len(draft.lm_head.token_ids) == 10
+        assert deep_target.get_input_embeddings().weight.dtype == torch.float32  # training left the target's embedding alone
+    prompt = [1, 5, 2, 9, 4]
+    assert SpeculativeDecoder(deep_target, draft, make_policy("static:3")).generate(prompt, 20).token_ids == generate_plain(deep_target, prompt, 20).token_ids
+
+
+@pytest.mark.parametrize("kind", [Eagle3Kind(ttt_steps=3), StandaloneKind(num_layers=1)], ids=["eagle3", "standalone"])
+def test_training_from_the_feature_cache_equals_training_from_the_target(deep_target, tmp_path, kind):
+    """The first run fills the cache; a second from scratch reads every batch from it and logs the same
+    losses and held-out accuracies; a run without the cache does too."""
+    _shards(tmp_path / "data", deep_target)
+    config = _config(steps=12, checkpoint_every=6)
+    logs = []
+    for run, features in (("filling", tmp_path / "cache"), ("reading", tmp_path / "cache"), ("recomputing", None)):
+        train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / run, config, features)
+        logs.append([json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()])
+        if run == "filling":
+            (folder,) = (tmp_path / "cache").iterdir()
+            assert np.load(folder / "greedy-00000.jsonl.filled.npy").sum() >= 12 // 2  # 19 training rows, 12 batches of 4 seen
+    for other in logs[1:]:
+        for a, b in zip(logs[0], other, strict=True):
+            assert a.get("loss", 0.0) == pytest.approx(b.get("loss", 0.0), rel=1e-6) and a["accuracy"] == b["accuracy"]
