@@ -67,13 +67,18 @@ def greedy_output(decoder: SpeculativeDecoder, prompt: list[int], max_new_tokens
     return prefix + rest
 
 
+def _check_prompt(draft: nn.Module, prompt_length: int) -> None:
+    """A head drafts from the target's state before the last token: refuse a 1-token prompt for it."""
+    if target_taps(draft) and prompt_length < 2:
+        raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {prompt_length}")
+
+
 @torch.inference_mode()
 def draft_trace(target: PreTrainedModel, draft: nn.Module, prompt: list[int], output: list[int], depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Match lengths ``[N]`` and step features ``[N, depth, 3]`` of the draft's greedy continuations (the
     target is read only by a draft that drafts from its hidden states)."""
     n, p = len(output), len(prompt)
-    if target_taps(draft) and p < 2:
-        raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {p}")
+    _check_prompt(draft, p)
     session, logits = teacher_forced(target, draft, prompt + output)
     first = draft_features(logits[p - 1 : p - 1 + n])
     first_tokens = [f[0] for f in first]
@@ -154,8 +159,7 @@ def sampled_trace(
     then the draft's sampled continuation after it. One teacher-forced forward of each model, then
     ``depth - 1`` batched draft steps."""
     n, p = len(output), len(prompt)
-    if target_taps(draft) and p < 2:
-        raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {p}")
+    _check_prompt(draft, p)
     reading = CachedModel(target, taps=target_taps(draft))
     target_p = sampling_distribution(reading.forward(prompt + output)[p - 1 : p - 1 + n], sampling)
     session = draft_session(draft, reading)
