@@ -12,12 +12,13 @@ Baseline policies by spec string (``static:4``, ``heuristic``, ...) are ``polici
 
 from __future__ import annotations
 
+from adaptive.copy_draft import CopyDraft
 from adaptive.costmodel import expected_tokens, expected_tokens_from_lengths, optimal_gamma, optimal_gamma_from_lengths, speedup
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.exactness import induced_distribution, monte_carlo_audit, total_variation
 from adaptive.generation import GenerationResult
 from adaptive.learned_policy import LearnedPolicy, load_policy
-from adaptive.pair import ModelPair, check_compatible, load_pair, load_pair_from_paths
+from adaptive.pair import ModelPair, check_compatible, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.policy import BasePolicy, DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.profile import CostProfile
 from adaptive.sampling import GREEDY, SamplingConfig, sampling_distribution
@@ -28,6 +29,7 @@ from adaptive.verification import naive_correction, residual_correction, verify_
 __all__ = [
     "GREEDY",
     "BasePolicy",
+    "CopyDraft",
     "CostProfile",
     "DraftPolicy",
     "DraftState",
@@ -45,6 +47,7 @@ __all__ = [
     "expected_tokens_from_lengths",
     "generate_plain",
     "induced_distribution",
+    "load_copy_pair",
     "load_pair",
     "load_pair_from_paths",
     "load_policy",

@@ -34,6 +34,9 @@ class CachedModel:
     keeps those hidden states of every cached position, concatenated, in :attr:`tapped` ``[length, k·H]``
     (what a feature-conditioned draft reads), rolled back with the cache."""
 
+    deterministic = False
+    """A sample of the sampling distribution of its logits is its proposal (see :mod:`adaptive.drafts`)."""
+
     def __init__(self, model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> None:
         self.model = model
         self.device = model.device
@@ -72,8 +75,14 @@ class CachedModel:
         ``[1, 1, n, length + n]`` (draft trees); return their logits ``[n, V]``."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([list(positions)], dtype=torch.long, device=self.device)
-        output = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, output_hidden_states=bool(self.taps),
-                            **{self.cache_keyword: self.cache})
+        output = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            output_hidden_states=bool(self.taps),
+            **{self.cache_keyword: self.cache},
+        )
         self.length += len(token_ids)
         self._keep_taps(output)
         return output.logits[0]

@@ -16,9 +16,11 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
+from adaptive.copy_draft import proposes
+from adaptive.drafts import Draft
 from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
-from adaptive.sampling import GREEDY, SamplingConfig, check_logits, draft_features, sample, sampling_distribution
+from adaptive.sampling import GREEDY, SamplingConfig, check_logits, draft_features, proposal_distribution, sample, sampling_distribution
 from adaptive.verification import CorrectionRule, residual_correction, verify_block, verify_block_greedy
 
 
@@ -27,7 +29,8 @@ class SpeculativeDecoder(Decoder):
 
     Args:
         target: the model whose distribution is preserved.
-        draft: a cheaper model with the same vocabulary that proposes tokens.
+        draft: a cheaper model with the same vocabulary that proposes tokens, an EAGLE-3 head, or the
+            model-free :class:`~adaptive.copy_draft.CopyDraft`.
         policy: decides draft depth and verification size (see ``policies`` for the baselines).
         sampling: temperature / top-k / top-p, applied identically to target and draft; default greedy.
         tokenizer: optional; enables text prompts, text output and the tokenizer compatibility check.
@@ -44,7 +47,7 @@ class SpeculativeDecoder(Decoder):
     def __init__(
         self,
         target: PreTrainedModel,
-        draft: PreTrainedModel,
+        draft: Draft,
         policy: DraftPolicy,
         sampling: SamplingConfig = GREEDY,
         *,
@@ -86,9 +89,10 @@ class ChainGeneration(Generation):
     def steps(self) -> tuple[DraftStep, ...]:
         return tuple(self._drafted.steps)
 
-    def draft_step(self, features: bool = True) -> DraftStep:
+    def draft_step(self, features: bool = True) -> DraftStep | None:
         """Draft one more token. With ``features=False`` the step's features are NaN until
-        :meth:`end_drafting` computes them for the whole round in one pass."""
+        :meth:`end_drafting` computes them for the whole round in one pass. A draft with nothing to propose
+        (the copy drafter without a match) ends the round's drafting: None, and the cap drops to the depth."""
         if self.depth >= self.max_depth:
             raise ValueError(f"this round is already {self.depth} tokens deep, its cap (max_depth or token budget)")
         clock, drafted, draft = self.decoder.clock, self._drafted, self.decoder.draft
@@ -96,9 +100,13 @@ class ChainGeneration(Generation):
         steps = drafted.steps
         logits = draft.forward(self.tokens[draft.length :] if not steps else [steps[-1].token])[-1]
         drafted.forward_time += clock() - t0
+        if draft.deterministic and not proposes(logits):
+            self.max_depth = self.depth
+            drafted.draft_time += clock() - t0
+            return None
         sampled = None
         if not self.decoder.sampling.is_greedy:
-            drafted.q_rows.append(sampling_distribution(logits, self.decoder.sampling))
+            drafted.q_rows.append(proposal_distribution(logits, self.decoder.sampling, draft.deterministic))
             sampled = sample(drafted.q_rows[-1], self.decoder.generator)
         if features:
             steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))

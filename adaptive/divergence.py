@@ -45,9 +45,11 @@ class Divergence:
     def describe(self, decode=None) -> str:
         name = decode or str
         verdict = "a near-tie" if self.near_tie else "NOT a near-tie"
-        return (f"diverges at token {self.position}: plain {name(self.plain_token)!r}, speculative {name(self.speculative_token)!r}; "
-                f"target logit gap {self.gap_one_token:+.4f} (1-token forward), {self.gap_k_token:+.4f} (k-token forward), "
-                f"tolerance {self.tolerance:.4f}: {verdict}")
+        return (
+            f"diverges at token {self.position}: plain {name(self.plain_token)!r}, speculative {name(self.speculative_token)!r}; "
+            f"target logit gap {self.gap_one_token:+.4f} (1-token forward), {self.gap_k_token:+.4f} (k-token forward), "
+            f"tolerance {self.tolerance:.4f}: {verdict}"
+        )
 
 
 def ulp(value: float, dtype: torch.dtype) -> float:

@@ -8,7 +8,11 @@ positions, mask)`` and ``keep(columns)``. :func:`draft_session` picks the sessio
 
 * a transformers causal LM (the standalone draft): :class:`CachedModel` itself;
 * an :class:`~adaptive.eagle3.Eagle3Head`: :class:`HeadSession`, which reads the target's hidden states
-  from the target's session (:func:`target_taps` tells the target which layers to keep).
+  from the target's session (:func:`target_taps` tells the target which layers to keep);
+* a :class:`~adaptive.copy_draft.CopyDraft`: :class:`~adaptive.copy_draft.CopySession` (no model; chains only).
+
+``deterministic`` says how the decoder draws from a session's logits: False, a sample of their sampling
+distribution (greedy: the arg-max); True, always the arg-max, so q is one-hot under sampling.
 """
 
 from __future__ import annotations
@@ -18,21 +22,27 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from adaptive.cached_model import CachedModel
+from adaptive.cached_model import CachedModel, output_vocab_size
+from adaptive.copy_draft import CopyDraft, CopySession
 from adaptive.eagle3 import Eagle3Head, rotary
 
+Draft = nn.Module | CopyDraft
+"""Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or the copy drafter."""
 
-def target_taps(draft: nn.Module) -> tuple[int, ...] | None:
+
+def target_taps(draft: Draft) -> tuple[int, ...] | None:
     """Target layers whose incoming hidden states the draft reads (None: it reads none)."""
     return tuple(draft.config.layer_ids) if isinstance(draft, Eagle3Head) else None
 
 
-def draft_session(draft: nn.Module, target: CachedModel) -> CachedModel | HeadSession:
+def draft_session(draft: Draft, target: CachedModel) -> CachedModel | HeadSession | CopySession:
     """The cached session a decoder drives ``draft`` through."""
+    if isinstance(draft, CopyDraft):
+        return CopySession(draft, output_vocab_size(target.model), target.device)
     return HeadSession(draft, target) if isinstance(draft, Eagle3Head) else CachedModel(draft)
 
 
-def teacher_forced(target: nn.Module, draft: nn.Module, sequence: list[int]) -> tuple[CachedModel | HeadSession, torch.Tensor]:
+def teacher_forced(target: nn.Module, draft: Draft, sequence: list[int]) -> tuple[CachedModel | HeadSession | CopySession, torch.Tensor]:
     """A new session of ``draft`` that has read all of ``sequence``, and its logits ``[len, V]`` (row i: the
     draft's next-token logits after token i). A head reads the target's states of one teacher-forced target
     forward over the sequence; its row 0 is -inf (the first token makes no entry)."""
@@ -53,6 +63,8 @@ class HeadSession:
     at p - 1 when the target has processed that position (the context), else the head's own output state
     of entry p - 2 (a drafted continuation). Rolling back drops every entry made from the head's own
     states, so that the next round remakes them from the target's states once it has verified them."""
+
+    deterministic = False
 
     def __init__(self, head: Eagle3Head, target: CachedModel) -> None:
         if target.taps != tuple(head.config.layer_ids):

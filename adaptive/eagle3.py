@@ -74,8 +74,13 @@ class Eagle3Config:
     def to_json(self) -> dict:
         """The public layout's ``config.json``."""
         data = {key: value for key, value in asdict(self).items() if key != "layer_ids"}
-        return {"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1, **data,
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids), "use_aux_hidden_state": True}}
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            **data,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids), "use_aux_hidden_state": True},
+        }
 
     @classmethod
     def from_json(cls, data: dict, source: str = "config.json") -> Eagle3Config:
@@ -85,15 +90,20 @@ class Eagle3Config:
                 raise ValueError(f"{source} is not an EAGLE-3 head config: {key!r} is missing")
         layer_ids = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if layer_ids is None:
-            raise ValueError(f"{source} names no target layers (eagle_config.eagle_aux_hidden_state_layer_ids); "
-                             "give them for this target, e.g. [2, L/2, L-3]")
+            raise ValueError(f"{source} names no target layers (eagle_config.eagle_aux_hidden_state_layer_ids); give them for this target, e.g. [2, L/2, L-3]")
         heads = data["num_attention_heads"]
         rope = data.get("rope_parameters") or {}
         return cls(
-            hidden_size=data["hidden_size"], intermediate_size=data["intermediate_size"], num_attention_heads=heads,
-            num_key_value_heads=data.get("num_key_value_heads", heads), head_dim=data.get("head_dim") or data["hidden_size"] // heads,
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)), rope_theta=float(rope.get("rope_theta", data.get("rope_theta", 10_000.0))),
-            vocab_size=data["vocab_size"], draft_vocab_size=data.get("draft_vocab_size") or data["vocab_size"], layer_ids=tuple(layer_ids),
+            hidden_size=data["hidden_size"],
+            intermediate_size=data["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=data.get("num_key_value_heads", heads),
+            head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", data.get("rope_theta", 10_000.0))),
+            vocab_size=data["vocab_size"],
+            draft_vocab_size=data.get("draft_vocab_size") or data["vocab_size"],
+            layer_ids=tuple(layer_ids),
         )
 
 
@@ -292,8 +302,10 @@ def load_head(folder: str | Path, target: nn.Module, dtype: torch.dtype | None =
     config = Eagle3Config.from_json(json.loads((folder / CONFIG).read_text()), str(folder / CONFIG))
     embedding = target.get_input_embeddings()
     if config.vocab_size != embedding.num_embeddings or config.hidden_size != embedding.embedding_dim:
-        raise ValueError(f"head {folder} is for a target with vocabulary {config.vocab_size} and width {config.hidden_size}; "
-                         f"this target has {embedding.num_embeddings} and {embedding.embedding_dim}")
+        raise ValueError(
+            f"head {folder} is for a target with vocabulary {config.vocab_size} and width {config.hidden_size}; "
+            f"this target has {embedding.num_embeddings} and {embedding.embedding_dim}"
+        )
     layers = target.config.num_hidden_layers
     if max(config.layer_ids) >= layers:
         raise ValueError(f"head {folder} reads target layers {list(config.layer_ids)}; the target has {layers}")

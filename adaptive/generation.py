@@ -22,7 +22,8 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.drafts import draft_session, target_taps
+from adaptive.copy_draft import CopyDraft
+from adaptive.drafts import Draft, draft_session, target_taps
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
 
@@ -176,8 +177,9 @@ class Generation(ABC):
         return DraftState(len(self.tokens), self.steps(), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]))
 
     @abstractmethod
-    def draft_step(self, features: bool = True) -> DraftStep:
-        """Draft one more step (``features=False``: a policy that reads no features is asking)."""
+    def draft_step(self, features: bool = True) -> DraftStep | None:
+        """Draft one more step (``features=False``: a policy that reads no features is asking); None when
+        the draft has nothing to propose (the round's cap then drops to its depth)."""
 
     def end_drafting(self) -> DraftState:
         """Finish drafting and return the state for the size decision."""
@@ -208,7 +210,7 @@ class Decoder(ABC):
     def __init__(
         self,
         target: PreTrainedModel,
-        draft: PreTrainedModel,
+        draft: Draft,
         policy: DraftPolicy,
         *,
         tokenizer=None,
@@ -216,8 +218,9 @@ class Decoder(ABC):
         max_depth: int = 16,
         eos_token_id: int | Sequence[int] | None = None,
     ) -> None:
-        check_compatible(target, draft, tokenizer, draft_tokenizer)
-        if target.device != draft.device:
+        if not isinstance(draft, CopyDraft):  # the copy drafter proposes the context's own tokens: any target
+            check_compatible(target, draft, tokenizer, draft_tokenizer)
+        if not isinstance(draft, CopyDraft) and target.device != draft.device:
             raise ValueError(f"target and draft must be on one device, got {target.device} and {draft.device}")
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")

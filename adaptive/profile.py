@@ -47,9 +47,7 @@ class CostProfile:
         if missing:
             raise ValueError(f"{source} is not a cost profile: key {missing[0]!r} is missing (written by `adaptive profile`)")
         contexts = tuple(sorted(int(c) for c in document["contexts"]))
-        verify = tuple(
-            tuple(document["verify"][str(c)][str(n)]["median_ms"] for n in range(1, len(document["verify"][str(c)]) + 1)) for c in contexts
-        )
+        verify = tuple(tuple(document["verify"][str(c)][str(n)]["median_ms"] for n in range(1, len(document["verify"][str(c)]) + 1)) for c in contexts)
         return cls(
             contexts=contexts,
             draft_ms=tuple(document["draft_step"][str(c)]["median_ms"] for c in contexts),

@@ -109,8 +109,13 @@ def profile_pair(
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     target_cache = CachedModel(target, taps=target_taps(draft))  # verification keeps what the draft reads, as in decoding
-    result: dict = {"contexts": list(contexts), "reference_context": reference_context, "repetitions": repetitions,
-                    "verify_mask": "tree" if tree_mask else "causal", "order": "interleaved"}
+    result: dict = {
+        "contexts": list(contexts),
+        "reference_context": reference_context,
+        "repetitions": repetitions,
+        "verify_mask": "tree" if tree_mask else "causal",
+        "order": "interleaved",
+    }
     result["draft_step"], result["verify"] = {}, {}
     with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:

@@ -117,6 +117,15 @@ def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(drop, float("-inf"))
 
 
+def proposal_distribution(logits: torch.Tensor, config: SamplingConfig, deterministic: bool = False) -> torch.Tensor:
+    """q: the distribution a draft's tokens are drawn from, per row of ``logits``. A model draft's is its
+    :func:`sampling_distribution`; a deterministic draft (the copy drafter) proposes its arg-max whatever the
+    sampling settings, so its q is one-hot there."""
+    if not deterministic:
+        return sampling_distribution(logits, config)
+    return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(torch.float32)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token id per row of ``probs`` (``[..., V]`` -> ``[...]``) by inverse CDF.
 
@@ -145,9 +154,7 @@ def draft_features(logits: torch.Tensor, tokens: torch.Tensor | None = None) -> 
     log_probs = torch.log_softmax(logits, dim=-1)
     top_log_prob, top_token = log_probs.max(dim=-1)
     chosen = top_token if tokens is None else tokens
-    features = torch.stack(
-        [top_log_prob, torch.special.entr(log_probs.exp()).sum(dim=-1), log_probs.gather(-1, chosen[:, None])[:, 0]]
-    )
+    features = torch.stack([top_log_prob, torch.special.entr(log_probs.exp()).sum(dim=-1), log_probs.gather(-1, chosen[:, None])[:, 0]])
     top, entropy, chosen_log_prob = features.tolist()
     if any(math.isnan(value) for value in top):  # NaN or +inf logits poison the softmax; raise the precise error
         check_logits(logits)

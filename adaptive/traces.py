@@ -54,8 +54,13 @@ def read_npz(data, path: str | Path, file_format: str | tuple[str, ...]) -> tupl
     allowed = (file_format,) if isinstance(file_format, str) else file_format
     if metadata.get("format") not in allowed:
         raise ValueError(f"{path} is not a trace file of format {' or '.join(allowed)} (found {metadata.get('format')!r})")
-    common = {"prompt_ids": data["prompt_ids"].tolist(), "langs": data["langs"].tolist(), "prompt_lengths": data["prompt_lengths"],
-              "offsets": data["offsets"], "outputs": data["outputs"]}
+    common = {
+        "prompt_ids": data["prompt_ids"].tolist(),
+        "langs": data["langs"].tolist(),
+        "prompt_lengths": data["prompt_lengths"],
+        "offsets": data["offsets"],
+        "outputs": data["outputs"],
+    }
     return common, metadata
 
 
@@ -119,8 +124,10 @@ class TraceSet:
             common, metadata = read_npz(data, path, READABLE_FORMATS)
             sampled = "accept_prob" in data.files
             if sampled and metadata["format"] != TRACE_FORMAT:
-                raise ValueError(f"{path} holds sampled traces of {metadata['format']}, whose replay was an approximation; "
-                                 "re-record them (adaptive record --temperature T) for exact sampled replay")
+                raise ValueError(
+                    f"{path} holds sampled traces of {metadata['format']}, whose replay was an approximation; "
+                    "re-record them (adaptive record --temperature T) for exact sampled replay"
+                )
             return cls(
                 **common,
                 match=data["match"].astype(np.int64),

@@ -129,9 +129,17 @@ class TreeGeneration(Generation):
         tokens.extend(emitted)
         self.recent.append(len(path))
         stats = RoundStats(
-            context_length=context, drafted=tree.depth, verified=len(selected), accepted=len(path), emitted=len(emitted),
-            tokens=tuple(emitted), draft_time=self._draft_time, verify_time=clock() - t0, policy_time=policy_time,
-            forward_time=forward_time, steps=tuple(self._steps),
+            context_length=context,
+            drafted=tree.depth,
+            verified=len(selected),
+            accepted=len(path),
+            emitted=len(emitted),
+            tokens=tuple(emitted),
+            draft_time=self._draft_time,
+            verify_time=clock() - t0,
+            policy_time=policy_time,
+            forward_time=forward_time,
+            steps=tuple(self._steps),
         )
         self._begin_round()
         return stats

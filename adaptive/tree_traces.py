@@ -74,8 +74,7 @@ class TreeTraceSet:
         return len(self.prompt_ids)
 
     def save(self, path: str | Path) -> None:
-        arrays = {"rank": self.rank.astype(np.int8), "depth": self.depth.astype(np.int8), "on_path": self.on_path,
-                  "features": self.features.astype(np.float16)}
+        arrays = {"rank": self.rank.astype(np.int8), "depth": self.depth.astype(np.int8), "on_path": self.on_path, "features": self.features.astype(np.float16)}
         write_npz(path, self, arrays, TREE_TRACE_FORMAT)
 
     @staticmethod
@@ -89,8 +88,14 @@ class TreeTraceSet:
         """Read a tree trace file (never unpickles)."""
         with np.load(path, allow_pickle=False) as data:
             common, metadata = read_npz(data, path, TREE_TRACE_FORMAT)
-            return cls(**common, rank=data["rank"].astype(np.int64), depth=data["depth"].astype(np.int64), on_path=data["on_path"],
-                       features=data["features"].astype(np.float32), metadata=metadata)
+            return cls(
+                **common,
+                rank=data["rank"].astype(np.int64),
+                depth=data["depth"].astype(np.int64),
+                on_path=data["on_path"],
+                features=data["features"].astype(np.float32),
+                metadata=metadata,
+            )
 
 
 def node_slots(shape: TreeShape, depth: int) -> int:

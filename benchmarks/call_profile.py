@@ -98,8 +98,10 @@ def main() -> None:
             ms, share = timed(after_context(compiled, [5] * n), args.repetitions)
             rows.append([f"compiled target forward, {n} token(s)", f"{ms:.2f}", f"{share:.0%}"])
     hw = hardware_description(pair.target.device)
-    print(f"pair {args.pair}, {args.dtype}, {hw['processor']} ({hw['torch_threads']} threads), context {len(CONTEXT)}, "
-          f"median of {args.repetitions} calls; matmul share from the torch profiler over 10 more")
+    print(
+        f"pair {args.pair}, {args.dtype}, {hw['processor']} ({hw['torch_threads']} threads), context {len(CONTEXT)}, "
+        f"median of {args.repetitions} calls; matmul share from the torch profiler over 10 more"
+    )
     print(format_table(["call", "ms", "time in matmuls"], rows))
 
 

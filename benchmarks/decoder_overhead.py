@@ -28,9 +28,7 @@ def hf_assisted(target, draft, prompt: list[int], new_tokens: int, gamma: int) -
     draft.generation_config.assistant_confidence_threshold = 0.0
     ids = torch.tensor([prompt])
     start = time.perf_counter()
-    out = target.generate(
-        ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0
-    )
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
     return out[0, len(prompt) :].tolist(), time.perf_counter() - start
 
 

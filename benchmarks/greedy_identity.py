@@ -51,14 +51,21 @@ def main() -> None:
         plain = generate_plain(pair.target, ids, args.new_tokens)
         result = decoder.generate(ids, args.new_tokens)
         divergence = first_divergence(pair.target, ids, plain.token_ids, result.token_ids)
-        rows.append({
-            "divergence": None if divergence is None else {**asdict(divergence), "near_tie": divergence.near_tie},
-            "id": prompt["id"], "lang": prompt["lang"], "identical": result.token_ids == plain.token_ids,
-            "accepted": sum(r.accepted for r in result.rounds), "verified": sum(r.verified for r in result.rounds),
-            "rejections": sum(1 for r in result.rounds if r.accepted < r.verified),
-            "tokens": len(result.token_ids), "rounds": len(result.rounds),
-            "plain_seconds": plain.total_time, "speculative_seconds": result.total_time,
-        })
+        rows.append(
+            {
+                "divergence": None if divergence is None else {**asdict(divergence), "near_tie": divergence.near_tie},
+                "id": prompt["id"],
+                "lang": prompt["lang"],
+                "identical": result.token_ids == plain.token_ids,
+                "accepted": sum(r.accepted for r in result.rounds),
+                "verified": sum(r.verified for r in result.rounds),
+                "rejections": sum(1 for r in result.rounds if r.accepted < r.verified),
+                "tokens": len(result.token_ids),
+                "rounds": len(result.rounds),
+                "plain_seconds": plain.total_time,
+                "speculative_seconds": result.total_time,
+            }
+        )
     totals: dict[str, dict] = defaultdict(lambda: defaultdict(float))
     for row in rows:
         for key in (row["lang"], "all"):
@@ -66,8 +73,14 @@ def main() -> None:
                 totals[key][field] += row[field]
             totals[key]["prompts"] += 1
     table = [
-        [lang, int(t["prompts"]), f"{int(t['identical'])}/{int(t['prompts'])}", f"{t['accepted'] / (t['accepted'] + t['rejections']):.3f}",
-         f"{t['tokens'] / t['rounds']:.2f}", f"{t['plain_seconds'] / t['speculative_seconds']:.2f}x"]
+        [
+            lang,
+            int(t["prompts"]),
+            f"{int(t['identical'])}/{int(t['prompts'])}",
+            f"{t['accepted'] / (t['accepted'] + t['rejections']):.3f}",
+            f"{t['tokens'] / t['rounds']:.2f}",
+            f"{t['plain_seconds'] / t['speculative_seconds']:.2f}x",
+        ]
         for lang, t in ((lang, totals[lang]) for lang in (*LANGUAGES, "all"))
     ]
     drafted_by = f"EAGLE-3 head {args.head}" if args.head else "the pair's draft"
@@ -77,12 +90,16 @@ def main() -> None:
     diverged = [row for row in rows if row["divergence"]]
     if diverged:
         ties = sum(row["divergence"]["near_tie"] for row in diverged)
-        print(f"\n{len(diverged)} of {len(rows)} outputs diverge from plain greedy; {ties} of them at a near-tie "
-              f"(|target logit gap| <= {diverged[0]['divergence']['tolerance']:.3f} under both a 1-token and a k-token forward)")
+        print(
+            f"\n{len(diverged)} of {len(rows)} outputs diverge from plain greedy; {ties} of them at a near-tie "
+            f"(|target logit gap| <= {diverged[0]['divergence']['tolerance']:.3f} under both a 1-token and a k-token forward)"
+        )
         for row in diverged:
             d = row["divergence"]
-            print(f"  {row['id']}: token {d['position']}, gap {d['gap_one_token']:+.4f} (1-token) / {d['gap_k_token']:+.4f} (k-token)"
-                  f"{'' if d['near_tie'] else '  NOT A NEAR-TIE'}")
+            print(
+                f"  {row['id']}: token {d['position']}, gap {d['gap_one_token']:+.4f} (1-token) / {d['gap_k_token']:+.4f} (k-token)"
+                f"{'' if d['near_tie'] else '  NOT A NEAR-TIE'}"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 

@@ -55,8 +55,13 @@ class Assisted:
         torch.manual_seed(seed)
         sampled = {"do_sample": True, "temperature": self.sampling.temperature, "top_k": None}
         start = time.perf_counter()
-        out = self.pair.target.generate(torch.tensor([ids]), assistant_model=self.pair.draft, max_new_tokens=new_tokens,
-                                        pad_token_id=self.pair.tokenizer.eos_token_id, **({"do_sample": False} if self.sampling.is_greedy else sampled))
+        out = self.pair.target.generate(
+            torch.tensor([ids]),
+            assistant_model=self.pair.draft,
+            max_new_tokens=new_tokens,
+            pad_token_id=self.pair.tokenizer.eos_token_id,
+            **({"do_sample": False} if self.sampling.is_greedy else sampled),
+        )
         seconds = time.perf_counter() - start
         return GenerationResult(ids, out[0, len(ids) :].tolist(), [], 0.0, seconds, "length", first_token_time=math.nan)
 
@@ -67,13 +72,23 @@ def run(args: argparse.Namespace) -> dict:
     if args.transformers and not hf_draft:
         print(f"transformers' assisted generation needs a transformers draft; {type(pair.draft).__name__} is not: skipped")
     prompts, ids = live_protocol.first_prompts(pair, args.split, args.per_language)
-    report = {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens,
-              "split": args.split, "per_language": args.per_language, "repeats": args.repeats, "draft": type(pair.draft).__name__, "runs": {}}
+    report = {
+        "pair": pair.name,
+        "hardware": hardware_description(pair.target.device),
+        "dtype": str(pair.target.dtype),
+        "new_tokens": args.new_tokens,
+        "split": args.split,
+        "per_language": args.per_language,
+        "repeats": args.repeats,
+        "draft": type(pair.draft).__name__,
+        "runs": {},
+    }
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
-        decoders = {spec: (lambda spec=spec, sampling=sampling: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling,
-                                                                             tokenizer=pair.tokenizer))
-                    for spec in args.policies}
+        decoders = {
+            spec: (lambda spec=spec, sampling=sampling: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer))
+            for spec in args.policies
+        }
         if args.transformers and hf_draft:
             decoders.update({name: (lambda mode=mode, sampling=sampling: Assisted(pair, mode, sampling)) for name, mode in HF_MODES.items()})
         live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, sampling.describe(), sampling, args.seed)
@@ -97,8 +112,10 @@ def summarise(report: dict) -> str:
             data = summary[config]
             cells = [config, *(f"{data[lang]['tokens_per_second']:.1f} ({data[lang]['speedup']:.2f}x)" for lang in LANGUAGES)]
             d = data["all"]
-            cells.append(f"{d['tokens_per_second']:.1f} ({d['speedup']:.2f}x) [{d['low']:.2f}, {d['high']:.2f}]"
-                         + (" n.s." if d["verdict"] == "not significant" and config != live_protocol.PLAIN else ""))
+            cells.append(
+                f"{d['tokens_per_second']:.1f} ({d['speedup']:.2f}x) [{d['low']:.2f}, {d['high']:.2f}]"
+                + (" n.s." if d["verdict"] == "not significant" and config != live_protocol.PLAIN else "")
+            )
             cells.append(f"{d['tau']:.2f}" if sum(r["rounds"] for r in rows) and config != live_protocol.PLAIN else "-")
             for lang in LANGUAGES:
                 mine = [r for r in rows if r["lang"] == lang]
@@ -107,19 +124,25 @@ def summarise(report: dict) -> str:
             if greedy:
                 cells.append("yes" if d["identical"] else "NO")
             table.append(cells)
-        lines.append(f"**{sampling}**, {report['per_language']} {report['split']} prompts per language, {report['new_tokens']} new tokens, "
-                     f"each configuration {report['repeats']}x per prompt in rotating order (medians); speedup over plain in parentheses\n")
+        lines.append(
+            f"**{sampling}**, {report['per_language']} {report['split']} prompts per language, {report['new_tokens']} new tokens, "
+            f"each configuration {report['repeats']}x per prompt in rotating order (medians); speedup over plain in parentheses\n"
+        )
         lines.append(format_table(header + (["= plain"] if greedy else []), table))
         lines.append("")
         diverged = [r for rows in live.values() for r in rows if r.get("near_tie") is not None]
         if greedy and diverged:
             runs = sum(len(rows) for name, rows in live.items() if name != live_protocol.PLAIN)
-            lines.append(f"Greedy outputs diverging from plain greedy: {len(diverged)} of {runs} runs; at a near-tie: "
-                         f"{sum(r['near_tie'] for r in diverged)} (adaptive.divergence: the target's gap between the two tokens within 4 ulps "
-                         "under both a 1-token and a k-token forward).\n")
+            lines.append(
+                f"Greedy outputs diverging from plain greedy: {len(diverged)} of {runs} runs; at a near-tie: "
+                f"{sum(r['near_tie'] for r in diverged)} (adaptive.divergence: the target's gap between the two tokens within 4 ulps "
+                "under both a 1-token and a k-token forward).\n"
+            )
     hw = report["hardware"]
-    lines.append(f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, "
-                 f"draft {report['draft']}, {report['dtype']}.")
+    lines.append(
+        f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, "
+        f"draft {report['draft']}, {report['dtype']}."
+    )
     return "\n".join(lines)
 
 

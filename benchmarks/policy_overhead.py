@@ -45,8 +45,9 @@ def main() -> None:
     print(f"default pair, greedy, {len(prompts)} val prompts x {args.new_tokens} tokens, max depth 8")
     for spec in ("static:1", args.policy):
         m = measure(pair, spec, prompts, args.new_tokens)
-        print(f"{spec}: {m['rounds']} rounds, {m['decisions']} decisions, {m['per_decision_us']:.1f} us per decision, "
-              f"policy share of round time {m['share']:.3%}")
+        print(
+            f"{spec}: {m['rounds']} rounds, {m['decisions']} decisions, {m['per_decision_us']:.1f} us per decision, policy share of round time {m['share']:.3%}"
+        )
 
 
 if __name__ == "__main__":

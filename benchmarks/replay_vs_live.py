@@ -98,9 +98,12 @@ def run(args: argparse.Namespace) -> dict:
                 row["rounds_equal"] = sum(a == b for a, b in zip(live_accepted, replay_accepted)) if same_count else 0
                 row["identical"] = live_accepted == replay_accepted
             results.append(row)
-            print(f"{row['lang']} {spec:12s} rounds {row['rounds']:3d} accepted/round live {row['live_accepted_per_round']:.2f} "
-                  f"replay {row['replay_accepted_per_round']:.2f}; s/token live {row['live_seconds'] / row['live_tokens']:.4f} "
-                  f"replay {row['replay_seconds'] / row['replay_tokens']:.4f}", flush=True)
+            print(
+                f"{row['lang']} {spec:12s} rounds {row['rounds']:3d} accepted/round live {row['live_accepted_per_round']:.2f} "
+                f"replay {row['replay_accepted_per_round']:.2f}; s/token live {row['live_seconds'] / row['live_tokens']:.4f} "
+                f"replay {row['replay_seconds'] / row['replay_tokens']:.4f}",
+                flush=True,
+            )
     torch.set_num_threads(1)
     replay_rate, replay_steps = steps_per_second(SpecDecodeEnv(ReplayBackend(traces, profile)), args.seconds)
     live_decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), tokenizer=pair.tokenizer, max_depth=traces.depth)
@@ -137,18 +140,35 @@ def run_sampled(args: argparse.Namespace, traces: TraceSet, replay: ReplayBacken
             decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, max_depth=traces.depth)
             lives = [decoder.generate(ids, traces.max_new_tokens, seed=seed) for seed in range(args.repeats)]
             replays = [e for seed in range(args.repeats) for e in run_policy(replay, make_policy(spec), entries[prompt_id], 0.0, seed=seed)]
-            results.append({
-                "prompt": prompt_id, "lang": traces.langs[entries[prompt_id][0]], "policy": spec, "outputs": len(entries[prompt_id]),
-                "live_rounds": sum(len(g.rounds) for g in lives), "live_accepted": sum(r.accepted for g in lives for r in g.rounds),
-                "live_tokens": sum(len(g.token_ids) for g in lives), "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
-                "replay_rounds": sum(len(e.cycles) for e in replays), "replay_accepted": sum(c.accepted for e in replays for c in e.cycles),
-                "replay_tokens": sum(e.tokens for e in replays),
-                "replay_seconds": sum(c.draft_seconds + c.verify_seconds for e in replays for c in e.cycles),
-            })
-            print(f"{prompt_id} {spec}: accepted/round live {results[-1]['live_accepted'] / results[-1]['live_rounds']:.2f} "
-                  f"replay {results[-1]['replay_accepted'] / results[-1]['replay_rounds']:.2f}", flush=True)
-    return {"traces": str(args.traces), "sampling": sampling.describe(), "repeats": args.repeats, "profile": str(args.profile),
-            "hardware": hardware_description(pair.target.device), "sampled_rows": results}
+            results.append(
+                {
+                    "prompt": prompt_id,
+                    "lang": traces.langs[entries[prompt_id][0]],
+                    "policy": spec,
+                    "outputs": len(entries[prompt_id]),
+                    "live_rounds": sum(len(g.rounds) for g in lives),
+                    "live_accepted": sum(r.accepted for g in lives for r in g.rounds),
+                    "live_tokens": sum(len(g.token_ids) for g in lives),
+                    "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
+                    "replay_rounds": sum(len(e.cycles) for e in replays),
+                    "replay_accepted": sum(c.accepted for e in replays for c in e.cycles),
+                    "replay_tokens": sum(e.tokens for e in replays),
+                    "replay_seconds": sum(c.draft_seconds + c.verify_seconds for e in replays for c in e.cycles),
+                }
+            )
+            print(
+                f"{prompt_id} {spec}: accepted/round live {results[-1]['live_accepted'] / results[-1]['live_rounds']:.2f} "
+                f"replay {results[-1]['replay_accepted'] / results[-1]['replay_rounds']:.2f}",
+                flush=True,
+            )
+    return {
+        "traces": str(args.traces),
+        "sampling": sampling.describe(),
+        "repeats": args.repeats,
+        "profile": str(args.profile),
+        "hardware": hardware_description(pair.target.device),
+        "sampled_rows": results,
+    }
 
 
 def _ratio_interval(rows: list[dict], top: str, bottom: str, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -170,13 +190,18 @@ def sampled_report(result: dict) -> str:
             scale = 1e3 if top == "seconds" else 1.0
             cells += [f"{value * scale:.3f} [{low * scale:.3f}, {high * scale:.3f}]", f"{replayed * scale:.3f}", "yes" if low <= replayed <= high else "NO"]
         table.append(cells)
-    header = ["policy", "prompts", "recorded outputs", "live accepted/round [95 %]", "replay", "inside",
-              "live ms/token [95 %]", "replay", "inside"]
-    return "\n".join([
-        f"Sampled replay vs live on {result['traces']} ({result['sampling']}): {result['repeats']} live generations per prompt and "
-        f"{result['repeats']} replays of each recorded output; profile {result['profile']}; time is draft + verify per emitted token; "
-        "intervals: bootstrap over prompts.", "", format_table(header, table), "",
-        f"Hardware: {result['hardware']['processor']}, torch {result['hardware']['torch']}."])
+    header = ["policy", "prompts", "recorded outputs", "live accepted/round [95 %]", "replay", "inside", "live ms/token [95 %]", "replay", "inside"]
+    return "\n".join(
+        [
+            f"Sampled replay vs live on {result['traces']} ({result['sampling']}): {result['repeats']} live generations per prompt and "
+            f"{result['repeats']} replays of each recorded output; profile {result['profile']}; time is draft + verify per emitted token; "
+            "intervals: bootstrap over prompts.",
+            "",
+            format_table(header, table),
+            "",
+            f"Hardware: {result['hardware']['processor']}, torch {result['hardware']['torch']}.",
+        ]
+    )
 
 
 def report(result: dict) -> str:

@@ -66,8 +66,10 @@ def main() -> None:
         name = f"{name} V={size}" if spec in dict(CONFIGS) else name
         table.append([name, f"{same}/{total}", f"{modelled / measured - 1:+.1%}"])
         report.append({"config": name, "rounds_equal": same, "rounds": total, "time_error": modelled / measured - 1, "tokens": tokens})
-    header = (f"tree replay vs live, {len(chosen)} test prompts ({args.per_language} per language), k={shape.branching} W={shape.width}, "
-              f"{traces.max_new_tokens} new tokens, profile {args.profile}")
+    header = (
+        f"tree replay vs live, {len(chosen)} test prompts ({args.per_language} per language), k={shape.branching} W={shape.width}, "
+        f"{traces.max_new_tokens} new tokens, profile {args.profile}"
+    )
     text = f"{header}\n\n{format_table(['config', 'rounds equal', 'modelled / measured time - 1'], table)}\n"
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

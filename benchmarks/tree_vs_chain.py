@@ -54,15 +54,39 @@ def run(args: argparse.Namespace) -> dict:
         for prompt in load_prompts("test", lang=lang)[: args.per_language]:
             ids = chat_ids(pair.tokenizer, prompt["prompt"])
             plain = generate_plain(pair.target, ids, args.new_tokens)
-            rows.append({"lang": lang, "id": prompt["id"], "config": "plain", "tokens": len(plain.token_ids), "seconds": plain.total_time,
-                         "rounds": len(plain.rounds), "identical": True})
+            rows.append(
+                {
+                    "lang": lang,
+                    "id": prompt["id"],
+                    "config": "plain",
+                    "tokens": len(plain.token_ids),
+                    "seconds": plain.total_time,
+                    "rounds": len(plain.rounds),
+                    "identical": True,
+                }
+            )
             for name, decoder in configs.items():
                 result = decoder.generate(ids, args.new_tokens)
-                rows.append({"lang": lang, "id": prompt["id"], "config": name, "tokens": len(result.token_ids), "seconds": result.total_time,
-                             "rounds": len(result.rounds), "identical": result.token_ids == plain.token_ids})
+                rows.append(
+                    {
+                        "lang": lang,
+                        "id": prompt["id"],
+                        "config": name,
+                        "tokens": len(result.token_ids),
+                        "seconds": result.total_time,
+                        "rounds": len(result.rounds),
+                        "identical": result.token_ids == plain.token_ids,
+                    }
+                )
             print(f"done {prompt['id']}", flush=True)
-    return {"pair": pair.name, "hardware": hardware_description(pair.target.device), "dtype": str(pair.target.dtype), "new_tokens": args.new_tokens,
-            "per_language": args.per_language, "rows": rows}
+    return {
+        "pair": pair.name,
+        "hardware": hardware_description(pair.target.device),
+        "dtype": str(pair.target.dtype),
+        "new_tokens": args.new_tokens,
+        "per_language": args.per_language,
+        "rows": rows,
+    }
 
 
 def summarise(report: dict) -> str:
@@ -103,9 +127,11 @@ def main() -> None:
     torch.set_grad_enabled(False)
     report = run(args)
     table = summarise(report)
-    header = (f"tree vs chain, greedy, {report['pair']} {report['dtype']}, {args.per_language} test prompt(s) per language, "
-              f"{args.new_tokens} new tokens, one repetition, all configs back to back per prompt; "
-              f"{report['hardware']['processor']}, {report['hardware']['torch_threads']} threads")
+    header = (
+        f"tree vs chain, greedy, {report['pair']} {report['dtype']}, {args.per_language} test prompt(s) per language, "
+        f"{args.new_tokens} new tokens, one repetition, all configs back to back per prompt; "
+        f"{report['hardware']['processor']}, {report['hardware']['torch_threads']} threads"
+    )
     print(header)
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

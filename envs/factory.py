@@ -88,9 +88,7 @@ def make_synthetic_env(
     episode: str = "cycle",
 ) -> SpecDecodeEnv:
     """Cost-model env: constant α, or Markov-modulated regimes ``alphas`` switching with ``switch_prob``."""
-    backend = SyntheticBackend(
-        alphas, c=c, g=g, switch_prob=switch_prob, max_depth=max_depth, max_new_tokens=max_new_tokens, feature_noise=feature_noise
-    )
+    backend = SyntheticBackend(alphas, c=c, g=g, switch_prob=switch_prob, max_depth=max_depth, max_new_tokens=max_new_tokens, feature_noise=feature_noise)
     return SpecDecodeEnv(backend, decision, partner, decision_seconds, episode)
 
 
@@ -109,9 +107,7 @@ def make_live_env(
 ) -> SpecDecodeEnv:
     """Live env over a named pair (at ``dtype``) and a workload split (chat-formatted prompts)."""
     loaded = load_pair(pair, dtype)
-    decoder = SpeculativeDecoder(
-        loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth
-    )
+    decoder = SpeculativeDecoder(loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth)
     prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)

@@ -65,6 +65,8 @@ class LiveBackend(Backend):
 
     def draft(self) -> tuple[float, float, float]:
         step = self.generation.draft_step()
+        if step is None:
+            raise ValueError("the draft had nothing to propose; the live environment drafts with draft models, not the copy drafter")
         return step.top1_prob, step.entropy, step.log_prob
 
     def verify(self, size: int) -> Cycle:

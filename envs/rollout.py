@@ -72,7 +72,7 @@ def _view_new_cycles(cycles: list[Cycle], views: list[RoundView], confidence: fl
     if len(cycles) == len(views):
         return
     position = sum(c.emitted for c in cycles[: len(views)])
-    for cycle in cycles[len(views):]:
+    for cycle in cycles[len(views) :]:
         views.append(RoundView(position, confidence, cycle.drafted, cycle.accepted))
         position += cycle.emitted
         confidence = float("nan")

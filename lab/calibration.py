@@ -21,8 +21,19 @@ WARN_ABOVE = 0.15
 """Relative error beyond which the report warns that replay and this machine disagree."""
 
 
-def calibrate(target, decoder: Callable[[], object], prompts: list[dict], prompt_ids: list[list[int]], traces: TraceSet, profile: CostProfile,
-              name: str, policy: Callable[[], DraftPolicy], max_depth: int, decision_seconds: float, repeats: int = 2) -> dict:
+def calibrate(
+    target,
+    decoder: Callable[[], object],
+    prompts: list[dict],
+    prompt_ids: list[list[int]],
+    traces: TraceSet,
+    profile: CostProfile,
+    name: str,
+    policy: Callable[[], DraftPolicy],
+    max_depth: int,
+    decision_seconds: float,
+    repeats: int = 2,
+) -> dict:
     """Modelled (replay of ``traces`` under ``profile``) against measured (live: plain decoding of ``target``
     and ``decoder``, a factory of the decoder running ``policy``) seconds per token, on the ``prompts`` the
     traces hold, with the traces' token budget."""
@@ -35,21 +46,31 @@ def calibrate(target, decoder: Callable[[], object], prompts: list[dict], prompt
     records = play(ReplayBackend(traces, profile, max_depth), policy, [index[p["id"]] for p in prompts], traces.langs, decision_seconds)
     modelled = {live_protocol.PLAIN: profile.target_step_seconds, name: sum(r.seconds for r in records) / sum(r.tokens for r in records)}
     measured = {key: sum(r["seconds"] for r in rows) / sum(r["tokens"] for r in rows) for key, rows in live.items()}
-    rows = {key: {"modelled_ms_per_token": modelled[key] * 1e3, "measured_ms_per_token": measured[key] * 1e3,
-                  "error": modelled[key] / measured[key] - 1} for key in (live_protocol.PLAIN, name)}
+    rows = {
+        key: {"modelled_ms_per_token": modelled[key] * 1e3, "measured_ms_per_token": measured[key] * 1e3, "error": modelled[key] / measured[key] - 1}
+        for key in (live_protocol.PLAIN, name)
+    }
     return {"policy": name, "prompts": len(prompts), "repeats": repeats, "profile_measured_at": profile.document.get("measured_at"), "rows": rows}
 
 
 def calibration_lines(result: dict) -> list[str]:
     """Markdown lines: the table of modelled vs measured, and a warning where they disagree."""
-    lines = ["", f"## Calibration: replay against this machine now ({result['prompts']} val prompts, {result['repeats']}x each, live protocol)", "",
-             "| decoder | modelled ms/token | measured ms/token | error |", "|---|---|---|---|"]
+    lines = [
+        "",
+        f"## Calibration: replay against this machine now ({result['prompts']} val prompts, {result['repeats']}x each, live protocol)",
+        "",
+        "| decoder | modelled ms/token | measured ms/token | error |",
+        "|---|---|---|---|",
+    ]
     for key, row in result["rows"].items():
         lines.append(f"| {key} | {row['modelled_ms_per_token']:.1f} | {row['measured_ms_per_token']:.1f} | {row['error']:+.1%} |")
     worst = max(abs(row["error"]) for row in result["rows"].values())
     if worst > WARN_ABOVE:
-        lines += ["", f"**Warning**: replay's modelled time is off by up to {worst:.0%} from this machine now (beyond ±{WARN_ABOVE:.0%}). "
-                  f"Likely causes: the machine is busy (other processes, thermal limits), or the profile is stale (measured "
-                  f"{result['profile_measured_at']}; re-run with --profile auto). Replay numbers below are relative to that profile; "
-                  "the live table is the final word."]
+        lines += [
+            "",
+            f"**Warning**: replay's modelled time is off by up to {worst:.0%} from this machine now (beyond ±{WARN_ABOVE:.0%}). "
+            f"Likely causes: the machine is busy (other processes, thermal limits), or the profile is stale (measured "
+            f"{result['profile_measured_at']}; re-run with --profile auto). Replay numbers below are relative to that profile; "
+            "the live table is the final word.",
+        ]
     return lines

@@ -50,7 +50,12 @@ GRID_LIVE_FINALISTS = 3
 
 
 def candidates(
-    config: ExperimentConfig, profile: CostProfile, learned: list[str], pair=None, grid_live_per_language: int = 0, new_tokens: int = 128,
+    config: ExperimentConfig,
+    profile: CostProfile,
+    learned: list[str],
+    pair=None,
+    grid_live_per_language: int = 0,
+    new_tokens: int = 128,
     repeats: int = 2,
 ) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
     """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen.
@@ -109,8 +114,9 @@ def grid_live(config: ExperimentConfig, pair, replay_choice: int, finalists: lis
     return {"speedups": speedups, "against_replay_choice": against, "best": best, "repeats": repeats, "prompts": len(live[live_protocol.PLAIN])}
 
 
-def live_comparison(config: ExperimentConfig, pair, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int,
-                    repeats: int = 2) -> dict[str, list[dict]]:
+def live_comparison(
+    config: ExperimentConfig, pair, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int, repeats: int = 2
+) -> dict[str, list[dict]]:
     """Plain decoding and every policy on the first test prompts per language, with the live protocol."""
     return live_protocol.measure_policies(pair, "test", per_language, policies, config.env.max_depth, new_tokens, repeats, "live test")
 
@@ -130,8 +136,14 @@ def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, ma
 
 
 def evaluate(
-    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, grid_live_per_language: int = 1,
-    repeats: int = 2, calibration_per_language: int = 1,
+    config: ExperimentConfig,
+    learned: list[str],
+    out: Path,
+    live_per_language: int = 2,
+    new_tokens: int = 128,
+    grid_live_per_language: int = 1,
+    repeats: int = 2,
+    calibration_per_language: int = 1,
 ) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out`` (and the
     profile, when ``auto`` measures one on this machine first). With ``calibration_per_language``, replay is
@@ -146,8 +158,19 @@ def evaluate(
         grid = next(name for name in policies if name.startswith("grid search"))
         prompts, ids = live_protocol.first_prompts(pair, "val", calibration_per_language)
         decoder = live_protocol.chain_decoders(pair, {grid: policies[grid]}, config.env.max_depth)[grid]
-        calibration = calibrate(pair.target, decoder, prompts, ids, TraceSet.load(default_traces("val", config.pair)), profile, grid, policies[grid],
-                                config.env.max_depth, config.env.decision_seconds, repeats)
+        calibration = calibrate(
+            pair.target,
+            decoder,
+            prompts,
+            ids,
+            TraceSet.load(default_traces("val", config.pair)),
+            profile,
+            grid,
+            policies[grid],
+            config.env.max_depth,
+            config.env.decision_seconds,
+            repeats,
+        )
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
     replay_rows, replay_data = replay_table(replay, profile.target_step_seconds, config.env.max_depth)
@@ -155,10 +178,23 @@ def evaluate(
     live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats) if live_per_language else {}
     live_data = live_protocol.summarise(live) if live else {}
     gains = live_gains(live, policies) if live else {}
-    result = {"fitted": fitted, "replay": replay_data, "choices": choice_bins, "live": live_data, "live_gains": gains, "test_prompts": len(test),
-              "live_per_language": live_per_language, "repeats": repeats, "calibration": calibration, "dtype": config.dtype,
-              "new_tokens": new_tokens, "profile": config.env.profile, "profile_info": profile_info(profile),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "out": str(out)}
+    result = {
+        "fitted": fitted,
+        "replay": replay_data,
+        "choices": choice_bins,
+        "live": live_data,
+        "live_gains": gains,
+        "test_prompts": len(test),
+        "live_per_language": live_per_language,
+        "repeats": repeats,
+        "calibration": calibration,
+        "dtype": config.dtype,
+        "new_tokens": new_tokens,
+        "profile": config.env.profile,
+        "profile_info": profile_info(profile),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "out": str(out),
+    }
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     report = _report(result, replay_rows, test, replay)
     (out / "report.md").write_text(report)
@@ -170,8 +206,9 @@ def evaluate(
 
 def track_comparison(config: ExperimentConfig, out: Path, rows: list[list], replay: dict, live: dict) -> None:
     """The comparison tables, native bar charts and the PNG plots, logged in the training runs' W&B group."""
-    tracker = Tracker(config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, f"evaluate-{out.name}",
-                      config.to_dict(), out, job_type="evaluate")
+    tracker = Tracker(
+        config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, f"evaluate-{out.name}", config.to_dict(), out, job_type="evaluate"
+    )
     tracker.log_table("replay_speedup", ["policy", *LANGUAGES, "all", "tau"], rows)
     speedups = [d["all"]["speedup"] for d in replay.values()]
     tracker.log_bar_chart("replay_speedup_chart", list(replay), speedups, "speedup", "replay speedup over plain (test split)")
@@ -192,8 +229,14 @@ def live_gains(live: dict[str, list[dict]], policies: dict) -> dict:
 def profile_info(profile: CostProfile) -> dict:
     """What a reader needs to judge a profile: when and where it was measured, at which dtype, its step times."""
     hardware = profile.hardware or {}
-    return {"measured_at": profile.document.get("measured_at"), "processor": hardware.get("processor"), "threads": hardware.get("torch_threads"),
-            "dtype": profile.document.get("dtype"), "target_step_ms": profile.target_step_seconds * 1e3, "c": profile.c}
+    return {
+        "measured_at": profile.document.get("measured_at"),
+        "processor": hardware.get("processor"),
+        "threads": hardware.get("torch_threads"),
+        "dtype": profile.document.get("dtype"),
+        "target_step_ms": profile.target_step_seconds * 1e3,
+        "c": profile.c,
+    }
 
 
 def _gain_line(label: str, gain: dict, where: str) -> str:
@@ -202,8 +245,10 @@ def _gain_line(label: str, gain: dict, where: str) -> str:
 
 
 def _profile_line(path: str, info: dict) -> str:
-    return (f"Cost profile {path}: measured {info['measured_at']} on {info['processor']} ({info['threads']} threads), {info['dtype']}; "
-            f"target step {info['target_step_ms']:.1f} ms, c = {info['c']:.3f}.")
+    return (
+        f"Cost profile {path}: measured {info['measured_at']} on {info['processor']} ({info['threads']} threads), {info['dtype']}; "
+        f"target step {info['target_step_ms']:.1f} ms, c = {info['c']:.3f}."
+    )
 
 
 def _grid_line(fitted: dict) -> str:
@@ -211,9 +256,11 @@ def _grid_line(fitted: dict) -> str:
     check = fitted.get("grid_live")
     if check:
         speeds = ", ".join(f"static:{g} {c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}]" for g, c in check["speedups"].items())
-        line += (f"; live check on {check['prompts']} val prompts ({check['repeats']}x each, speedup over plain: {speeds}) "
-                 + (f"overturned it: static:{fitted['grid_best']} is faster with an interval above 1; " if fitted["grid_best"] != fitted["grid_replay_best"]
-                    else "left it standing (no finalist faster with an interval above 1); "))
+        line += f"; live check on {check['prompts']} val prompts ({check['repeats']}x each, speedup over plain: {speeds}) " + (
+            f"overturned it: static:{fitted['grid_best']} is faster with an interval above 1; "
+            if fitted["grid_best"] != fitted["grid_replay_best"]
+            else "left it standing (no finalist faster with an interval above 1); "
+        )
     else:
         line += "; "
     return line + f"cost model on train traces: i.i.d. static:{fitted['costmodel']['iid']}, lengths static:{fitted['costmodel']['lengths']}."
@@ -278,6 +325,8 @@ def _verdict(result: dict) -> list[str]:
     if result["calibration"]:
         worst = max(result["calibration"]["rows"].items(), key=lambda item: abs(item[1]["error"]))
         lines.append(f"- calibration: replay vs this machine, worst error {worst[1]['error']:+.1%} ({worst[0]})")
-    lines.append(f"- plots: {result['out']}/plots; evaluation.json and this report in {result['out']}; W&B (offline by default): "
-                 f"{result['out']}/wandb (`wandb sync` uploads it)")
+    lines.append(
+        f"- plots: {result['out']}/plots; evaluation.json and this report in {result['out']}; W&B (offline by default): "
+        f"{result['out']}/wandb (`wandb sync` uploads it)"
+    )
     return lines

@@ -60,8 +60,9 @@ def generate_batch(model, tokenizer, encoded: list[list[int]], max_new_tokens: i
     return responses
 
 
-def generate_shards(prompts: list[dict], folder: Path, *, temperature: float, dtype: torch.dtype, batch_size: int,
-                    shard_size: int, max_new_tokens: int, seed: int) -> None:
+def generate_shards(
+    prompts: list[dict], folder: Path, *, temperature: float, dtype: torch.dtype, batch_size: int, shard_size: int, max_new_tokens: int, seed: int
+) -> None:
     """Write the target's responses to every prompt not yet done, shard by shard."""
     folder.mkdir(parents=True, exist_ok=True)
     prefix = shard_prefix(temperature)

@@ -205,8 +205,9 @@ class _Features:
 
 
 @torch.no_grad()
-def heldout_accuracy(kind: DraftKind, draft: nn.Module, features: _Features, sequences: list[Sequence], config: TrainingConfig,
-                     vocab: torch.Tensor, pad: int) -> dict:
+def heldout_accuracy(
+    kind: DraftKind, draft: nn.Module, features: _Features, sequences: list[Sequence], config: TrainingConfig, vocab: torch.Tensor, pad: int
+) -> dict:
     """Per draft position k: how often the draft's arg-max equals the target's greedy token (greedy acceptance
     of step k given the earlier steps right), per language; and, for drafts predicting several positions,
     τ at depth 4 (1 + mean accepted; over all positions predicted when fewer than 4)."""
@@ -237,8 +238,12 @@ def heldout_accuracy(kind: DraftKind, draft: nn.Module, features: _Features, seq
     steps = kind.steps_predicted
     per_lang = {lang: [h / max(1, n) for h, n in counts] for lang, counts in hits.items()}
     overall = [sum(hits[lang][k][0] for lang in hits) / max(1, sum(hits[lang][k][1] for lang in hits)) for k in range(steps)]
-    return {"heldout_loss": sum(losses) / max(1, len(losses)), "accuracy": overall, "per_language": per_lang,
-            "tau_depth4": 1 + accepted / max(1, bases) if steps > 1 else None}
+    return {
+        "heldout_loss": sum(losses) / max(1, len(losses)),
+        "accuracy": overall,
+        "per_language": per_lang,
+        "tau_depth4": 1 + accepted / max(1, bases) if steps > 1 else None,
+    }
 
 
 def _epoch(train_set: list[Sequence], rng: random.Random, batch_size: int, pool: int = 64) -> list[int]:
@@ -325,8 +330,13 @@ def train_draft(kind: DraftKind, target, tokenizer, data: Path, out: Path, confi
                     cache.flush()
                 _checkpoint(kind, draft, optimiser, state, checkpoint)
                 kind.save(draft, out, {"step": state["step"], "train_sequences": len(train_set), "heldout_accuracy": measured["accuracy"]})
-                log.info("step %d: loss %.3f, held-out accuracy per position %s, tau@4 %s", state["step"], loss.item(),
-                         [round(a, 3) for a in measured["accuracy"]], measured["tau_depth4"])
+                log.info(
+                    "step %d: loss %.3f, held-out accuracy per position %s, tau@4 %s",
+                    state["step"],
+                    loss.item(),
+                    [round(a, 3) for a in measured["accuracy"]],
+                    measured["tau_depth4"],
+                )
     return measured
 
 

@@ -28,8 +28,7 @@ QUICK_CONTEXTS = (64, 128, 256)
 def quick_profile(pair, max_verify: int, tree_mask: bool = False) -> CostProfile:
     """A short profile of a loaded pair on this machine: interleaved sweeps at three contexts, medians."""
     start = time.perf_counter()
-    profile = profile_pair(pair.target, pair.draft, max_verify=max_verify, contexts=QUICK_CONTEXTS, reference_context=128, repetitions=5,
-                           tree_mask=tree_mask)
+    profile = profile_pair(pair.target, pair.draft, max_verify=max_verify, contexts=QUICK_CONTEXTS, reference_context=128, repetitions=5, tree_mask=tree_mask)
     return profile.with_metadata(measure_seconds=round(time.perf_counter() - start, 1))
 
 
@@ -44,8 +43,14 @@ def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | No
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "profile.json"
     profile.save(path)
-    log.info("measured a cost profile of %s on this machine in %.0f s: target step %.1f ms, c %.3f -> %s",
-             config.pair, profile.document["measure_seconds"], profile.target_step_seconds * 1e3, profile.c, path)
+    log.info(
+        "measured a cost profile of %s on this machine in %.0f s: target step %.1f ms, c %.3f -> %s",
+        config.pair,
+        profile.document["measure_seconds"],
+        profile.target_step_seconds * 1e3,
+        profile.c,
+        path,
+    )
     return path
 
 
@@ -69,11 +74,10 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
             return make_tree_replay_env(traces, profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
         return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds)
     if env.backend == "synthetic":
-        return make_synthetic_env(
-            env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds
-        )
-    return make_live_env(config.pair, env.split, profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds,
-                         dtype=config.dtype)
+        return make_synthetic_env(env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds)
+    return make_live_env(
+        config.pair, env.split, profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds, dtype=config.dtype
+    )
 
 
 def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile | None) -> dict[str, dict]:
@@ -87,5 +91,11 @@ def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile
     runs.update({f"static:{depth}": records for depth, records in static_sweep(backend, prompts, config.env.max_depth, seconds).items()})
     if config.env.backend == "replay" and not config.env.tree:
         runs["oracle"] = play(backend, lambda: OraclePolicy(backend), prompts, None, seconds)
-    return {name: {"speedup": records_speedup(records, backend.target_step_seconds), "tokens": sum(r.tokens for r in records),
-                   "seconds": sum(r.seconds for r in records)} for name, records in runs.items()}
+    return {
+        name: {
+            "speedup": records_speedup(records, backend.target_step_seconds),
+            "tokens": sum(r.tokens for r in records),
+            "seconds": sum(r.seconds for r in records),
+        }
+        for name, records in runs.items()
+    }

@@ -131,8 +131,9 @@ def grid_search_splits(
 ) -> tuple[list[int], dict[str, dict[int, float]]]:
     """Grid search over static depth on several trace sets (e.g. train and val): depths ranked by their mean
     replayed speedup (best first, ties to the shallower), and every set's speedups."""
-    speeds = {name: static_speedups(ReplayBackend(traces, profile, max_depth), range(len(traces)), max_depth, decision_seconds)
-              for name, traces in splits.items()}
+    speeds = {
+        name: static_speedups(ReplayBackend(traces, profile, max_depth), range(len(traces)), max_depth, decision_seconds) for name, traces in splits.items()
+    }
     mean = {g: sum(s[g] for s in speeds.values()) / len(speeds) for g in range(1, max_depth + 1)}
     return sorted(mean, key=lambda g: (-mean[g], g)), speeds
 
@@ -173,8 +174,15 @@ def choices(records: Sequence[PromptRecord], bins: int = 10, position_width: int
         for low, high in zip(edges[:-1], edges[1:]):
             mine = [v for v in views if low <= key(v) < high or (high == edges[-1] and key(v) == high)]
             if mine:
-                rows.append({"low": float(low), "high": float(high), "rounds": len(mine),
-                             "depth": float(np.mean([v.drafted for v in mine])), "accepted": float(np.mean([v.accepted for v in mine]))})
+                rows.append(
+                    {
+                        "low": float(low),
+                        "high": float(high),
+                        "rounds": len(mine),
+                        "depth": float(np.mean([v.drafted for v in mine])),
+                        "accepted": float(np.mean([v.accepted for v in mine])),
+                    }
+                )
         return rows
 
     last = max((v.position for v in views), default=0)

@@ -29,8 +29,10 @@ PLAIN = "plain"
 
 def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:
     """Factories of chain decoders, one per policy factory."""
-    return {name: (lambda f=factory: SpeculativeDecoder(pair.target, pair.draft, f(), tokenizer=pair.tokenizer, max_depth=max_depth))
-            for name, factory in policies.items()}
+    return {
+        name: (lambda f=factory: SpeculativeDecoder(pair.target, pair.draft, f(), tokenizer=pair.tokenizer, max_depth=max_depth))
+        for name, factory in policies.items()
+    }
 
 
 def warm_pair(name: str, dtype: str = "float32"):
@@ -51,8 +53,17 @@ def rotation(names: Sequence[str], turn: int) -> list[str]:
     return [*names[k:], *names[:k]]
 
 
-def measure(target, prompts: Sequence[dict], prompt_ids: Sequence[list[int]], decoders: dict[str, Callable[[], object]], new_tokens: int,
-            repeats: int = 2, desc: str = "live", sampling: SamplingConfig = GREEDY, seed: int = 0) -> dict[str, list[dict]]:
+def measure(
+    target,
+    prompts: Sequence[dict],
+    prompt_ids: Sequence[list[int]],
+    decoders: dict[str, Callable[[], object]],
+    new_tokens: int,
+    repeats: int = 2,
+    desc: str = "live",
+    sampling: SamplingConfig = GREEDY,
+    seed: int = 0,
+) -> dict[str, list[dict]]:
     """Plain decoding of ``target`` and every decoder (factories of objects with ``generate(ids, n, seed=)``
     returning a :class:`~adaptive.generation.GenerationResult`) on each prompt (workload rows with ``id`` and
     ``lang``; ``prompt_ids``: their token ids); plain decoding samples with ``sampling``, every run with ``seed``.
@@ -83,8 +94,9 @@ def measure(target, prompts: Sequence[dict], prompt_ids: Sequence[list[int]], de
     return results
 
 
-def measure_policies(pair, split: str, per_language: int, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int, new_tokens: int,
-                     repeats: int = 2, desc: str = "live") -> dict[str, list[dict]]:
+def measure_policies(
+    pair, split: str, per_language: int, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int, new_tokens: int, repeats: int = 2, desc: str = "live"
+) -> dict[str, list[dict]]:
     """:func:`measure` of chain decoders with each policy on the first ``per_language`` prompts per language of a split."""
     prompts, ids = first_prompts(pair, split, per_language)
     return measure(pair.target, prompts, ids, chain_decoders(pair, policies, max_depth), new_tokens, repeats, desc)
@@ -94,10 +106,17 @@ def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:
     ordered = sorted(runs, key=lambda run: run[0].total_time)
     median, _ = ordered[(len(ordered) - 1) // 2]
     return {
-        "lang": prompt["lang"], "id": prompt["id"], "tokens": len(median.token_ids), "seconds": statistics.median(r.total_time for r, _ in runs),
-        "seconds_runs": [r.total_time for r, _ in runs], "rounds": len(median.rounds), "ttft": statistics.median(r.first_token_time for r, _ in runs),
-        "accepted": sum(r.accepted for r in median.rounds), "rejections": sum(r.accepted < r.verified for r in median.rounds),
-        "gaps": [r.total_time / r.emitted for r in median.rounds for _ in range(r.emitted)], "token_ids": list(median.token_ids),
+        "lang": prompt["lang"],
+        "id": prompt["id"],
+        "tokens": len(median.token_ids),
+        "seconds": statistics.median(r.total_time for r, _ in runs),
+        "seconds_runs": [r.total_time for r, _ in runs],
+        "rounds": len(median.rounds),
+        "ttft": statistics.median(r.first_token_time for r, _ in runs),
+        "accepted": sum(r.accepted for r in median.rounds),
+        "rejections": sum(r.accepted < r.verified for r in median.rounds),
+        "gaps": [r.total_time / r.emitted for r in median.rounds for _ in range(r.emitted)],
+        "token_ids": list(median.token_ids),
         "identical": all(r.token_ids == plain_tokens for r, _ in runs),
         "peak_mib": max((mib for _, mib in runs if mib is not None), default=None),
     }
@@ -116,10 +135,16 @@ def summary(rows: list[dict], plain: list[dict]) -> dict:
     gaps = np.array([g for r in rows for g in r["gaps"]])
     speedup, low, high = ratio_interval(rows, plain)
     return {
-        "tokens_per_second": tokens / seconds, "speedup": speedup, "low": low, "high": high, "verdict": verdict(low, high),
-        "tau": tokens / max(1, sum(r["rounds"] for r in rows)), "ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
+        "tokens_per_second": tokens / seconds,
+        "speedup": speedup,
+        "low": low,
+        "high": high,
+        "verdict": verdict(low, high),
+        "tau": tokens / max(1, sum(r["rounds"] for r in rows)),
+        "ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
         "itl_ms": {f"p{q}": float(np.percentile(gaps, q) * 1e3) for q in (50, 95, 99)} if len(gaps) else {},
-        "seconds": seconds, "identical": all(r["identical"] for r in rows),
+        "seconds": seconds,
+        "identical": all(r["identical"] for r in rows),
         "peak_mib": max((r["peak_mib"] for r in rows if r["peak_mib"] is not None), default=None),
     }
 
@@ -127,8 +152,10 @@ def summary(rows: list[dict], plain: list[dict]) -> dict:
 def summarise(live: dict[str, list[dict]]) -> dict:
     """Per configuration and language (those measured, and all): :func:`summary` against the plain rows."""
     measured = [lang for lang in (*LANGUAGES, "all") if any(lang in (r["lang"], "all") for r in live[PLAIN])]
-    return {name: {lang: summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live[PLAIN] if lang in (r["lang"], "all")])
-                   for lang in measured} for name, rows in live.items()}
+    return {
+        name: {lang: summary([r for r in rows if lang in (r["lang"], "all")], [r for r in live[PLAIN] if lang in (r["lang"], "all")]) for lang in measured}
+        for name, rows in live.items()
+    }
 
 
 def compare(live: dict[str, list[dict]], name: str, reference: str) -> dict:
@@ -144,10 +171,26 @@ def report(live: dict, repeats: int) -> list[str]:
         d = data["all"]
         interval = f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]" + (" n.s." if d["verdict"] == "not significant" and name != PLAIN else "")
         itl = d["itl_ms"]
-        rows.append([name, *(f"{data[lang]['speedup']:.2f}x" if lang in data else "-" for lang in LANGUAGES), interval, f"{d['tokens_per_second']:.1f}",
-                     f"{d['tau']:.2f}", f"{d['ttft_ms']:.0f}", f"{itl['p50']:.1f}/{itl['p95']:.1f}/{itl['p99']:.1f}" if itl else "-",
-                     f"{d['seconds']:.1f}", "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}", "yes" if d["identical"] else "NO"])
-    return ["", f"## Live: wall clock (each prompt {repeats}x per configuration, rotating order, medians; [95 % paired bootstrap over prompts])", "",
-            format_table(["policy", *LANGUAGES, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
-            "", "n.s.: not significant (the interval covers 1). Peak MiB: the process's peak resident memory during the generation "
-            "(both models included), or peak device memory on CUDA."]
+        rows.append(
+            [
+                name,
+                *(f"{data[lang]['speedup']:.2f}x" if lang in data else "-" for lang in LANGUAGES),
+                interval,
+                f"{d['tokens_per_second']:.1f}",
+                f"{d['tau']:.2f}",
+                f"{d['ttft_ms']:.0f}",
+                f"{itl['p50']:.1f}/{itl['p95']:.1f}/{itl['p99']:.1f}" if itl else "-",
+                f"{d['seconds']:.1f}",
+                "n/a" if d["peak_mib"] is None else f"{d['peak_mib']:.0f}",
+                "yes" if d["identical"] else "NO",
+            ]
+        )
+    return [
+        "",
+        f"## Live: wall clock (each prompt {repeats}x per configuration, rotating order, medians; [95 % paired bootstrap over prompts])",
+        "",
+        format_table(["policy", *LANGUAGES, "all", "tok/s", "tau", "TTFT ms", "ITL p50/p95/p99 ms", "total s", "peak MiB", "= plain"], rows),
+        "",
+        "n.s.: not significant (the interval covers 1). Peak MiB: the process's peak resident memory during the generation "
+        "(both models included), or peak device memory on CUDA.",
+    ]

@@ -93,7 +93,7 @@ def _plot_choices(plt, choices: dict, path: Path) -> None:
         for axis, key in zip(axes, ("confidence", "position")):
             rows = data[key]
             x = [(r["low"] + r["high"]) / 2 for r in rows]
-            line, = axis.plot(x, [r["depth"] for r in rows], marker="o", label=f"{name}: depth")
+            (line,) = axis.plot(x, [r["depth"] for r in rows], marker="o", label=f"{name}: depth")
             axis.plot(x, [r["accepted"] for r in rows], linestyle="--", color=line.get_color(), label=f"{name}: accepted")
     axes[0].set(xlabel="draft top-1 probability at the round's first step", ylabel="tokens per round", title="choice vs draft confidence")
     axes[1].set(xlabel="tokens generated before the round", ylabel="tokens per round", title="choice vs position in the generation")

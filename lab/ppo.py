@@ -57,8 +57,16 @@ def load_ppo(config: PPOConfig, path: Path, env: SpecDecodeEnv) -> PPO:
         raise ValueError(f"cannot initialise from {path}: no such checkpoint")
     schedule = _learning_rate(config)
     model = PPO.load(
-        path, env=env, device="cpu", learning_rate=schedule, n_steps=config.n_steps, batch_size=config.batch_size,
-        n_epochs=config.n_epochs, gamma=config.gamma, gae_lambda=config.gae_lambda, ent_coef=config.ent_coef,
+        path,
+        env=env,
+        device="cpu",
+        learning_rate=schedule,
+        n_steps=config.n_steps,
+        batch_size=config.batch_size,
+        n_epochs=config.n_epochs,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+        ent_coef=config.ent_coef,
     )
     model.num_timesteps = 0
     return model

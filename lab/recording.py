@@ -27,9 +27,14 @@ TRACES = Path("data") / "traces"
 def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) -> dict:
     """What every trace file records about how it was made (``dtype``: as run; ``dtype_asked``: as given, e.g. auto)."""
     return {
-        "pair": name, "tokenizer": pair.tokenizer.name_or_path, "split": split, "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "pair": name,
+        "tokenizer": pair.tokenizer.name_or_path,
+        "split": split,
+        "dtype": str(pair.target.dtype).removeprefix("torch."),
         "dtype_asked": dtype,
-        "recorded_on": hardware_description(pair.target.device), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
+        "recorded_on": hardware_description(pair.target.device),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **extra,
     }
 
 
@@ -41,9 +46,21 @@ def select_prompts(split: str, lang: str | None = None, per_language: int | None
     return prompts[:limit]
 
 
-def record_chains(pair: ModelPair, name: str, prompts: list[dict], *, split: str, dtype: str, depth: int, max_new_tokens: int,
-                  sampling: SamplingConfig, outputs: str | None = None, profile: str | Path | None = None, seed: int = 0,
-                  samples: int = 1) -> TraceSet:
+def record_chains(
+    pair: ModelPair,
+    name: str,
+    prompts: list[dict],
+    *,
+    split: str,
+    dtype: str,
+    depth: int,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    outputs: str | None = None,
+    profile: str | Path | None = None,
+    seed: int = 0,
+    samples: int = 1,
+) -> TraceSet:
     """Chain traces of ``prompts`` (greedy: exact replay; T > 0: ``samples`` sampled outputs per prompt, each
     with what exact sampled replay needs). ``outputs``: a JSONL of known greedy outputs ``{id, response}`` to
     reuse (checked, repaired)."""
@@ -63,8 +80,19 @@ def record_chains(pair: ModelPair, name: str, prompts: list[dict], *, split: str
         return record(decoder, prompts, ids, max_new_tokens, depth, metadata, given, progress, seed)
 
 
-def record_tree_traces(pair: ModelPair, name: str, chain_traces: str | Path, *, split: str, dtype: str, shape: TreeShape, depth: int,
-                       lang: str | None = None, per_language: int | None = None, limit: int | None = None) -> TreeTraceSet:
+def record_tree_traces(
+    pair: ModelPair,
+    name: str,
+    chain_traces: str | Path,
+    *,
+    split: str,
+    dtype: str,
+    shape: TreeShape,
+    depth: int,
+    lang: str | None = None,
+    per_language: int | None = None,
+    limit: int | None = None,
+) -> TreeTraceSet:
     """Tree traces along the greedy outputs of a split's chain traces (which recorded and checked them)."""
     source = Path(chain_traces)
     if source.suffix != ".npz":

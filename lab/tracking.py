@@ -25,9 +25,7 @@ class Tracker:
             import wandb
 
             folder.mkdir(parents=True, exist_ok=True)
-            self.run = wandb.init(
-                mode=mode, project=project, group=group, name=name, job_type=job_type, config=config, dir=str(folder), reinit="create_new"
-            )
+            self.run = wandb.init(mode=mode, project=project, group=group, name=name, job_type=job_type, config=config, dir=str(folder), reinit="create_new")
         except Exception as error:  # noqa: BLE001 - tracking must never stop training
             self._fail("init", error)
 

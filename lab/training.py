@@ -43,8 +43,22 @@ from lab.tracking import Tracker
 from policies.baselines import RandomDepth
 
 log = logging.getLogger(__name__)
-METRICS = ["phase", "decision", "timesteps", "reward_per_step", "reward_per_cycle", "throughput_speedup", "accepted_per_cycle",
-           "continue_fraction", "mean_action", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "seconds"]
+METRICS = [
+    "phase",
+    "decision",
+    "timesteps",
+    "reward_per_step",
+    "reward_per_cycle",
+    "throughput_speedup",
+    "accepted_per_cycle",
+    "continue_fraction",
+    "mean_action",
+    "policy_loss",
+    "value_loss",
+    "entropy_loss",
+    "approx_kl",
+    "seconds",
+]
 
 
 @dataclass(frozen=True)
@@ -130,9 +144,7 @@ class TrainingRun:
         self.started = time.time()
         self.profile = run_profile(config)
         self.target_step_seconds = self.profile.target_step_seconds if self.profile else SYNTHETIC_STEP_SECONDS
-        self.tracker = Tracker(
-            config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, folder.name, config.to_dict(), folder
-        )
+        self.tracker = Tracker(config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, folder.name, config.to_dict(), folder)
 
     # --- files -----------------------------------------------------------------------------------------
 

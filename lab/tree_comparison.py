@@ -57,7 +57,12 @@ def tree_grid(
 
 
 def evaluate_trees(
-    config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 1, new_tokens: int = 128, sizes: tuple[int, ...] = SIZES,
+    config: ExperimentConfig,
+    learned: list[str],
+    out: Path,
+    live_per_language: int = 1,
+    new_tokens: int = 128,
+    sizes: tuple[int, ...] = SIZES,
     repeats: int = 2,
 ) -> dict:
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``."""
@@ -79,9 +84,7 @@ def evaluate_trees(
     tree_backend = TreeReplayBackend(test_tree, profile, depth, tree_size)  # one backend; its default V is set per play
     replay: dict[str, list[PromptRecord]] = {
         f"chain grid (static:{chain_best})": play(chain_backend, lambda: StaticDepth(chain_best), range(len(test_chain)), test_chain.langs, seconds),
-        f"tree grid (static:{tree_depth}, V={tree_size})": play(
-            tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds
-        ),
+        f"tree grid (static:{tree_depth}, V={tree_size})": play(tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds),
     }
     pair = live_protocol.warm_pair(config.pair, config.dtype) if live_per_language else None
     decoders: dict[str, Callable[[], object]] = {}
@@ -112,9 +115,17 @@ def evaluate_trees(
     if pair is not None:
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
         live = live_protocol.summarise(live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test"))
-    result = {"fitted": fitted, "replay": replay_data, "live": live, "test_prompts": len(test_chain), "live_per_language": live_per_language,
-              "repeats": repeats,
-              "new_tokens": new_tokens, "profile": config.env.profile, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    result = {
+        "fitted": fitted,
+        "replay": replay_data,
+        "live": live,
+        "test_prompts": len(test_chain),
+        "live_per_language": live_per_language,
+        "repeats": repeats,
+        "new_tokens": new_tokens,
+        "profile": config.env.profile,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     (out / "report.md").write_text(_report(result, rows))
 

@@ -33,13 +33,41 @@ from adaptive.models import cache_root, smollm2_folder  # noqa: E402
 from adaptive.workload import LANGUAGES, chat_ids  # noqa: E402
 
 PACKAGES = [
-    "fortunes", "fortunes-min", "fortunes-it", "fortunes-es", "fortunes-zh",
-    "debian-reference-en", "debian-reference-it", "debian-reference-es", "debian-reference-zh-cn", "python3.11-doc",
+    "fortunes",
+    "fortunes-min",
+    "fortunes-it",
+    "fortunes-es",
+    "fortunes-zh",
+    "debian-reference-en",
+    "debian-reference-it",
+    "debian-reference-es",
+    "debian-reference-zh-cn",
+    "python3.11-doc",
 ]
 EN_FORTUNES = [
-    "fortunes", "literature", "riddles", "computers", "science", "wisdom", "work", "people", "education",
-    "humorists", "platitudes", "pets", "food", "tao", "goedel", "linux", "debian", "art", "paradoxum",
-    "pratchett", "songs-poems", "sports", "startrek",
+    "fortunes",
+    "literature",
+    "riddles",
+    "computers",
+    "science",
+    "wisdom",
+    "work",
+    "people",
+    "education",
+    "humorists",
+    "platitudes",
+    "pets",
+    "food",
+    "tao",
+    "goedel",
+    "linux",
+    "debian",
+    "art",
+    "paradoxum",
+    "pratchett",
+    "songs-poems",
+    "sports",
+    "startrek",
 ]
 SKIPPED_FORTUNES = ["en: drugs, ethnic, men-women, politics, law, kids, cookie and the rest not listed", "it: luttazzi", "es: off/*"]
 ZH_FORTUNES = ["chinese", "tang300", "song100"]
@@ -52,12 +80,16 @@ LICENCES = {
 
 INSTRUCTIONS = {
     "question": {
-        "en": "Explain briefly: {text}", "it": "Spiega brevemente: {text}",
-        "es": "Explica brevemente: {text}", "zh": "请简要解释：{text}",
+        "en": "Explain briefly: {text}",
+        "it": "Spiega brevemente: {text}",
+        "es": "Explica brevemente: {text}",
+        "zh": "请简要解释：{text}",
     },
     "continuation": {
-        "en": "Continue the following text:\n\n{text}", "it": "Continua il testo seguente:\n\n{text}",
-        "es": "Continúa el siguiente texto:\n\n{text}", "zh": "请续写下面的文字：\n\n{text}",
+        "en": "Continue the following text:\n\n{text}",
+        "it": "Continua il testo seguente:\n\n{text}",
+        "es": "Continúa el siguiente texto:\n\n{text}",
+        "zh": "请续写下面的文字：\n\n{text}",
     },
     "code": {
         "en": "Explain what this Python code does:\n\n```python\n{text}\n```",
@@ -66,8 +98,10 @@ INSTRUCTIONS = {
         "zh": "请解释这段 Python 代码的作用：\n\n```python\n{text}\n```",
     },
     "translation": {
-        "en": "Translate into Spanish:\n\n{text}", "it": "Traduci in inglese:\n\n{text}",
-        "es": "Traduce al inglés:\n\n{text}", "zh": "请翻译成英文：\n\n{text}",
+        "en": "Translate into Spanish:\n\n{text}",
+        "it": "Traduci in inglese:\n\n{text}",
+        "es": "Traduce al inglés:\n\n{text}",
+        "zh": "请翻译成英文：\n\n{text}",
     },
 }
 PROMPTS_PER_TASK = 75  # per language: 4 tasks x 75 = 300 prompts
@@ -207,11 +241,18 @@ def build_prompts(by_lang, tokenizer, seed: int = 20260923) -> list[dict]:
                 used_code.update(text for _, text in chosen)
             for index, (source, text) in enumerate(chosen):
                 prompt = INSTRUCTIONS[task][lang].format(text=text)
-                prompts.append({
-                    "id": f"{lang}-{task}-{index:03d}", "lang": lang, "task": task, "split": split_of(text),
-                    "source": source, "licence": licence_of(source), "prompt": prompt,
-                    "prompt_tokens": len(chat_ids(tokenizer, prompt)),
-                })
+                prompts.append(
+                    {
+                        "id": f"{lang}-{task}-{index:03d}",
+                        "lang": lang,
+                        "task": task,
+                        "split": split_of(text),
+                        "source": source,
+                        "licence": licence_of(source),
+                        "prompt": prompt,
+                        "prompt_tokens": len(chat_ids(tokenizer, prompt)),
+                    }
+                )
     return prompts
 
 

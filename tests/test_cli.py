@@ -49,9 +49,7 @@ def test_costmodel_bad_alpha_is_a_clear_error():
 def model_folders(tmp_path_factory):
     """A tiny target/draft pair with a real (word-level) tokenizer, saved like any local model."""
     words = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "and", "then", "slept", "here", "now", "."]
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>"
-    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>")
     target = tiny_llama(0, dtype=torch.float32)
     draft = perturbed_copy(target, 0.3, seed=1)
     folders = {}
@@ -76,8 +74,17 @@ def _word_tokenizer(words: list[str]) -> Tokenizer:
 
 def test_generate_prints_rounds_and_speedup(model_folders):
     result = run(
-        "generate", "--target", model_folders["target"], "--draft", model_folders["draft"],
-        "--policy", "heuristic", "--max-new-tokens", "20", "--compare", "the cat sat",
+        "generate",
+        "--target",
+        model_folders["target"],
+        "--draft",
+        model_folders["draft"],
+        "--policy",
+        "heuristic",
+        "--max-new-tokens",
+        "20",
+        "--compare",
+        "the cat sat",
     )
     assert result.returncode == 0, result.stderr
     assert "| round | context | drafted | verified | accepted | emitted |" in result.stdout
@@ -87,15 +94,37 @@ def test_generate_prints_rounds_and_speedup(model_folders):
 
 def test_an_eagle3_head_folder_drafts_and_profiles_like_any_draft(model_folders, tmp_path):
     result = run(
-        "generate", "--target", model_folders["target"], "--draft", model_folders["head"],
-        "--policy", "static:3", "--max-new-tokens", "20", "--compare", "the cat sat on",
+        "generate",
+        "--target",
+        model_folders["target"],
+        "--draft",
+        model_folders["head"],
+        "--policy",
+        "static:3",
+        "--max-new-tokens",
+        "20",
+        "--compare",
+        "the cat sat on",
     )
     assert result.returncode == 0, result.stderr
     assert "greedy outputs: identical" in result.stdout
     out = tmp_path / "head-profile.json"
     result = run(
-        "profile", "--target", model_folders["target"], "--draft", model_folders["head"], "--out", str(out),
-        "--max-verify", "3", "--contexts", "8", "--reference-context", "8", "--repetitions", "2",
+        "profile",
+        "--target",
+        model_folders["target"],
+        "--draft",
+        model_folders["head"],
+        "--out",
+        str(out),
+        "--max-verify",
+        "3",
+        "--contexts",
+        "8",
+        "--reference-context",
+        "8",
+        "--repetitions",
+        "2",
     )
     assert result.returncode == 0, result.stderr
     assert CostProfile.load(out).c > 0
@@ -110,8 +139,21 @@ def test_generate_bad_policy_is_a_clear_error(model_folders):
 def test_profile_writes_a_profile_and_prints_c_and_g(model_folders, tmp_path):
     out = tmp_path / "profile.json"
     result = run(
-        "profile", "--target", model_folders["target"], "--draft", model_folders["draft"], "--out", str(out),
-        "--max-verify", "4", "--contexts", "8,16", "--reference-context", "16", "--repetitions", "2",
+        "profile",
+        "--target",
+        model_folders["target"],
+        "--draft",
+        model_folders["draft"],
+        "--out",
+        str(out),
+        "--max-verify",
+        "4",
+        "--contexts",
+        "8,16",
+        "--reference-context",
+        "16",
+        "--repetitions",
+        "2",
     )
     assert result.returncode == 0, result.stderr
     assert "| gamma | tokens verified | verify ms |" in result.stdout and "c = " in result.stdout
@@ -122,3 +164,20 @@ def test_generate_without_a_pair_is_a_clear_error():
     result = run("generate", "hello")
     assert result.returncode == 2
     assert "give --pair NAME, or both --target PATH and --draft PATH" in result.stderr
+
+
+def test_the_copy_drafter_decodes_and_profiles_from_the_command_line(model_folders, tmp_path):
+    result = run(
+        "generate", "--target", model_folders["target"], "--draft", "copy", "--policy", "static:4",
+        "--max-new-tokens", "30", "--compare", "the cat sat on the mat and the cat sat on the",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "pair: target" in result.stdout and "+copy" in result.stdout
+    assert "greedy outputs: identical" in result.stdout
+    out = tmp_path / "copy-profile.json"
+    result = run(
+        "profile", "--target", model_folders["target"], "--draft", "copy", "--out", str(out),
+        "--max-verify", "3", "--contexts", "8", "--reference-context", "8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert CostProfile.load(out).c > 0

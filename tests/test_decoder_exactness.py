@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, residual_correction, sampling_distribution
+from adaptive.copy_draft import CopyDraft
 from policies import HeuristicSchedule, StaticDepth
 
 N_SAMPLES = 20_000
@@ -90,7 +91,6 @@ def test_speculative_samples_follow_target_distribution(case, target, request):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
 def test_an_eagle3_head_keeps_the_target_distribution_and_naive_resampling_does_not(eagle_head, target, correction):
     """A random EAGLE-3 head (reduced vocabulary, the target's hidden states as input), T = 1, static:2:
@@ -99,6 +99,25 @@ def test_an_eagle3_head_keeps_the_target_distribution_and_naive_resampling_does_
     decoder = SpeculativeDecoder(target, eagle_head, StaticDepth(2), sampling, correction=correction)
     exact = exact_two_token_distribution(target, HEAD_PROMPT, sampling)
     max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, HEAD_PROMPT), exact)
+    if correction is residual_correction:
+        assert max_z < 5.0 and chi2_z < 5.0, (max_z, chi2_z)
+    else:
+        assert max_z > 5.0 and chi2_z > 5.0, "the naive rule should be detected as biased"
+
+
+COPY_PROMPT = [3, 5, 3]
+"""The copy drafter proposes 5 after it (p = 0.18 at T = 1), then 3 after an accepted 5: two-step chains."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
+def test_the_copy_drafter_keeps_the_target_distribution_and_naive_resampling_does_not(target, correction):
+    """A deterministic proposal (q one-hot), T = 1, static:2: exact with the residual rule; the naive rule,
+    same drafter and decoder, is detected."""
+    sampling = SamplingConfig(1.0)
+    decoder = SpeculativeDecoder(target, CopyDraft(), StaticDepth(2), sampling, correction=correction)
+    exact = exact_two_token_distribution(target, COPY_PROMPT, sampling)
+    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, COPY_PROMPT), exact)
     if correction is residual_correction:
         assert max_z < 5.0 and chi2_z < 5.0, (max_z, chi2_z)
     else:

@@ -41,8 +41,20 @@ class _Tokenizer:
 
 
 def _config(**changes) -> TrainingConfig:
-    return TrainingConfig(**{"draft_vocab_size": 10, "steps": 30, "batch_size": 4, "max_length": 32, "learning_rate": 3e-3, "warmup_steps": 2,
-                             "checkpoint_every": 15, "heldout_percent": 20, "heldout_sequences": 8, **changes})
+    return TrainingConfig(
+        **{
+            "draft_vocab_size": 10,
+            "steps": 30,
+            "batch_size": 4,
+            "max_length": 32,
+            "learning_rate": 3e-3,
+            "warmup_steps": 2,
+            "checkpoint_every": 15,
+            "heldout_percent": 20,
+            "heldout_sequences": 8,
+            **changes,
+        }
+    )
 
 
 def test_the_draft_vocabulary_keeps_the_required_then_the_most_frequent_tokens():
@@ -59,8 +71,13 @@ def test_the_standalone_loss_is_zero_for_a_draft_equal_to_the_target(target):
     tokens = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         final = target.model(input_ids=tokens).last_hidden_state
-    batch = Batch(tokens, torch.ones_like(tokens), torch.tensor([[False, True, True, True, False]]), torch.zeros(1, 5, 96),
-                  draft_log_probs(final, target.get_output_embeddings().weight))
+    batch = Batch(
+        tokens,
+        torch.ones_like(tokens),
+        torch.tensor([[False, True, True, True, False]]),
+        torch.zeros(1, 5, 96),
+        draft_log_probs(final, target.get_output_embeddings().weight),
+    )
     loss, predicted = kl_loss(full, batch)
     assert loss.item() < 1e-9 and predicted.shape == tokens.shape
 

@@ -145,7 +145,6 @@ def test_a_trained_heads_first_step_agrees_with_its_training_time_test(eagle_hea
     assert generation.steps()[0].token == int(expected)
 
 
-
 def _sessions(head, target, context: list[int]):
     """A target session that has processed all of ``context`` but its last token, and the head's session on it."""
     cached = CachedModel(target, taps=target_taps(head))

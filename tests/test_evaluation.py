@@ -36,8 +36,16 @@ def test_acceptance_rate_is_the_maximum_likelihood_alpha_of_iid_traces():
     rng = np.random.default_rng(0)
     alpha, depth, n = 0.6, 16, 20_000
     match = np.minimum(rng.geometric(1 - alpha, size=n) - 1, depth)
-    traces = TraceSet(["p"], ["en"], np.array([3]), np.array([0, n + 100]), np.zeros(n + 100, dtype=np.int32),
-                      np.concatenate([match, np.zeros(100, dtype=int)]), np.zeros((n + 100, depth, 3), np.float32), metadata={})
+    traces = TraceSet(
+        ["p"],
+        ["en"],
+        np.array([3]),
+        np.array([0, n + 100]),
+        np.zeros(n + 100, dtype=np.int32),
+        np.concatenate([match, np.zeros(100, dtype=int)]),
+        np.zeros((n + 100, depth, 3), np.float32),
+        metadata={},
+    )
     # 100 trailing zeros are rejections too: the estimate is of the whole set
     expected = match.sum() / (match.sum() + (match < depth).sum() + 100)
     assert acceptance_rate(traces) == pytest.approx(expected, rel=1e-9)

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ALLOWED = {"adaptive": {"adaptive"}, "envs": {"adaptive", "envs"}, "policies": {"adaptive", "policies"},
-           "lab": {"adaptive", "envs", "policies", "lab"}}
+ALLOWED = {"adaptive": {"adaptive"}, "envs": {"adaptive", "envs"}, "policies": {"adaptive", "policies"}, "lab": {"adaptive", "envs", "policies", "lab"}}
 LAZY = {"matplotlib", "matplotlib.pyplot", "wandb"}
 """Heavy or optional third-party imports that may load on first use (never a way around a cycle)."""
 
@@ -44,6 +43,8 @@ def test_imports_flow_down_the_layers_and_stay_at_module_level(path):
 
 
 def test_the_decoding_api_does_not_pull_in_the_rl_stack():
-    code = ("import sys; from adaptive import load_pair, SpeculativeDecoder, load_policy; "
-            "assert not {'gymnasium', 'stable_baselines3', 'envs', 'policies', 'lab'} & set(sys.modules), sorted(sys.modules)")
+    code = (
+        "import sys; from adaptive import load_pair, SpeculativeDecoder, load_policy; "
+        "assert not {'gymnasium', 'stable_baselines3', 'envs', 'policies', 'lab'} & set(sys.modules), sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

@@ -72,8 +72,10 @@ def test_paired_intervals_and_their_wording():
 
 def test_the_report_marks_intervals_that_cover_one():
     def rows(seconds):
-        return [{"id": str(i), "lang": lang, "tokens": 10, "seconds": s, "rounds": 5, "ttft": 0.01, "gaps": [s / 10] * 10, "identical": True,
-                 "peak_mib": None} for i, (lang, s) in enumerate(zip(["it", "en", "zh", "es"] * 2, seconds))]
+        return [
+            {"id": str(i), "lang": lang, "tokens": 10, "seconds": s, "rounds": 5, "ttft": 0.01, "gaps": [s / 10] * 10, "identical": True, "peak_mib": None}
+            for i, (lang, s) in enumerate(zip(["it", "en", "zh", "es"] * 2, seconds))
+        ]
 
     live = {"plain": rows([1, 1, 1, 1, 1, 1, 1, 1]), "fast": rows([0.5] * 8), "noisy": rows([0.5, 2, 0.6, 1.8, 0.5, 2, 0.6, 1.8])}
     summary = live_protocol.summarise(live)
@@ -93,8 +95,19 @@ def test_calibration_compares_replays_modelled_time_with_live_time(target, near_
     from lab.calibration import calibrate, calibration_lines
 
     traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), PROMPTS, IDS, max_new_tokens=16, depth=4, metadata={})
-    result = calibrate(target, lambda: SpeculativeDecoder(target, near_draft, make_policy("static:2")), PROMPTS[:2], IDS[:2], traces,
-                       flat_profile(), "static:2", lambda: make_policy("static:2"), max_depth=4, decision_seconds=0.0, repeats=1)
+    result = calibrate(
+        target,
+        lambda: SpeculativeDecoder(target, near_draft, make_policy("static:2")),
+        PROMPTS[:2],
+        IDS[:2],
+        traces,
+        flat_profile(),
+        "static:2",
+        lambda: make_policy("static:2"),
+        max_depth=4,
+        decision_seconds=0.0,
+        repeats=1,
+    )
     plain, speculative = result["rows"]["plain"], result["rows"]["static:2"]
     assert plain["modelled_ms_per_token"] == pytest.approx(10.0) and result["prompts"] == 2
     assert speculative["modelled_ms_per_token"] < plain["modelled_ms_per_token"]  # near draft: several tokens per 10-12 ms round

@@ -195,8 +195,11 @@ def test_the_same_test_rejects_a_replay_with_the_ratio_the_wrong_way_round(sampl
 
 def test_sampled_traces_of_the_old_format_are_refused(tmp_path, sampled_runs):
     traces = sampled_runs[0]
-    arrays = {"match": traces.match.astype(np.int16), "features": traces.features.astype(np.float16),
-              "accept_prob": np.tile(traces.accept_prob[:, None], (1, 4)).astype(np.float16)}
+    arrays = {
+        "match": traces.match.astype(np.int16),
+        "features": traces.features.astype(np.float16),
+        "accept_prob": np.tile(traces.accept_prob[:, None], (1, 4)).astype(np.float16),
+    }
     write_npz(tmp_path / "old.npz", traces, arrays, "adaptive-draft/trace/1")
     with pytest.raises(ValueError, match="re-record"):
         TraceSet.load(tmp_path / "old.npz")

@@ -59,8 +59,13 @@ def test_training_resumes_after_kill_9(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "lab.cli", "train", str(path), "--runs", str(tmp_path / "runs")], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "train", str(path), "--runs", str(tmp_path / "runs")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     state = None
     while time.time() < deadline:

@@ -88,9 +88,7 @@ def test_a_k1_tree_is_the_chain_decoder(target, near_draft):
         chain = SpeculativeDecoder(target, near_draft, make_policy(f"static:{depth}"), max_depth=8).generate(PROMPT, 48)
         tree = TreeDecoder(target, near_draft, make_policy(f"static:{depth}"), TreeShape(1, 1, 64), max_depth=8).generate(PROMPT, 48)
         assert tree.token_ids == chain.token_ids
-        assert [(r.drafted, r.verified, r.accepted, r.emitted) for r in tree.rounds] == [
-            (r.drafted, r.verified, r.accepted, r.emitted) for r in chain.rounds
-        ]
+        assert [(r.drafted, r.verified, r.accepted, r.emitted) for r in tree.rounds] == [(r.drafted, r.verified, r.accepted, r.emitted) for r in chain.rounds]
 
 
 def test_wider_trees_accept_more_with_a_poor_draft(target, far_draft):
@@ -178,15 +176,25 @@ def test_tree_policies_train_cotrained_and_drive_the_tree_decoder(tiny_tree_trac
     from lab.training import train
 
     root = Path(__file__).resolve().parents[1]
-    config = config_from_dict({
-        "name": "tree", "seed": 0,
-        "env": {"backend": "replay", "traces": str(tiny_tree_traces), "tree": True, "tree_size": 6, "max_depth": 4,
-                "profile": str(root / "profiles" / "smollm2-135m-tree.json")},
-        "depth_policy": {"timesteps": 1024, "n_steps": 256, "batch_size": 64, "n_epochs": 2},
-        "size_policy": {"timesteps": 512, "n_steps": 128, "batch_size": 64, "n_epochs": 2},
-        "cotraining": {"rounds": 1, "train_size": True},
-        "eval_episodes": 12, "tracking": {"wandb": "disabled"},
-    })
+    config = config_from_dict(
+        {
+            "name": "tree",
+            "seed": 0,
+            "env": {
+                "backend": "replay",
+                "traces": str(tiny_tree_traces),
+                "tree": True,
+                "tree_size": 6,
+                "max_depth": 4,
+                "profile": str(root / "profiles" / "smollm2-135m-tree.json"),
+            },
+            "depth_policy": {"timesteps": 1024, "n_steps": 256, "batch_size": 64, "n_epochs": 2},
+            "size_policy": {"timesteps": 512, "n_steps": 128, "batch_size": 64, "n_epochs": 2},
+            "cotraining": {"rounds": 1, "train_size": True},
+            "eval_episodes": 12,
+            "tracking": {"wandb": "disabled"},
+        }
+    )
     assert make_env(config, "size", None, run_profile(config)).action_space.n == 3 + 3 * 9  # every node of a depth-4 (3, 3) tree
     train(config, tmp_path / "run")
     policy = load_policy(tmp_path / "run")

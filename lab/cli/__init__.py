@@ -31,4 +31,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"adaptive {args.command}: error: {error}", file=sys.stderr)
         return 2
-

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from adaptive.generation import GenerationResult
-from adaptive.pair import PAIRS, ModelPair, load_pair, load_pair_from_paths
+from adaptive.pair import COPY, PAIRS, ModelPair, load_copy_pair, load_pair, load_pair_from_paths
 from lab.report import format_table
 
 
@@ -21,17 +21,27 @@ def floats(text: str) -> tuple[float, ...]:
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", help=f"a named pair: {', '.join(PAIRS)}")
     parser.add_argument("--target", help="folder (or hub id) of the target model, instead of --pair")
-    parser.add_argument("--draft", help="folder of the draft model (same tokenizer), instead of --pair")
-    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="model precision (default float32, which the shipped traces and profiles were measured at; "
-                             "auto: bfloat16 where this machine multiplies bf16 natively, else float32)")
+    parser.add_argument(
+        "--draft",
+        help=f"folder of the draft model (same tokenizer) or an EAGLE-3 head, with --target; or {COPY!r}: the model-free copy drafter, with --pair or --target",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model precision (default float32, which the shipped traces and profiles were measured at; "
+        "auto: bfloat16 where this machine multiplies bf16 natively, else float32)",
+    )
     parser.add_argument("--device", default="cpu")
 
 
 def pair_from_arguments(args: argparse.Namespace) -> ModelPair:
-    """The pair named by --pair, or the one given by --target and --draft."""
+    """The pair named by --pair (its target with the copy drafter under --draft copy), or the one given by
+    --target and --draft."""
     if args.pair:
-        return load_pair(args.pair, args.dtype, args.device)
+        if args.draft not in (None, COPY):
+            raise ValueError(f"--pair {args.pair} brings its own draft; with --pair, --draft may only be {COPY!r} (got {args.draft!r})")
+        return (load_copy_pair if args.draft == COPY else load_pair)(args.pair, args.dtype, args.device)
     if not (args.target and args.draft):
         raise ValueError("give --pair NAME, or both --target PATH and --draft PATH")
     return load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
@@ -39,18 +49,36 @@ def pair_from_arguments(args: argparse.Namespace) -> ModelPair:
 
 def pair_name(args: argparse.Namespace) -> str:
     """The name trace and profile files are called by: the pair's, or the draft folder's."""
+    if args.draft == COPY:
+        return f"{args.pair or Path(args.target).name}-{COPY}"
     return args.pair or Path(args.draft).name
 
 
 def print_rounds(result: GenerationResult) -> None:
     rows = [
-        [i, r.context_length, r.drafted, r.verified, r.accepted, r.emitted,
-         f"{r.draft_time * 1e3:.2f}", f"{r.verify_time * 1e3:.2f}", f"{r.policy_time * 1e3:.3f}"]
+        [
+            i,
+            r.context_length,
+            r.drafted,
+            r.verified,
+            r.accepted,
+            r.emitted,
+            f"{r.draft_time * 1e3:.2f}",
+            f"{r.verify_time * 1e3:.2f}",
+            f"{r.policy_time * 1e3:.3f}",
+        ]
         for i, r in enumerate(result.rounds, start=1)
     ]
     print(format_table(["round", "context", "drafted", "verified", "accepted", "emitted", "draft ms", "verify ms", "policy ms"], rows))
 
 
 def summary_row(label: str, result: GenerationResult) -> list:
-    return [label, len(result.token_ids), len(result.rounds), f"{result.mean_emitted:.2f}", f"{result.acceptance_rate:.3f}",
-            f"{result.total_time:.3f}", f"{result.tokens_per_second:.1f}"]
+    return [
+        label,
+        len(result.token_ids),
+        len(result.rounds),
+        f"{result.mean_emitted:.2f}",
+        f"{result.acceptance_rate:.3f}",
+        f"{result.total_time:.3f}",
+        f"{result.tokens_per_second:.1f}",
+    ]

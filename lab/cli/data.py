@@ -33,8 +33,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     pair = pair_from_arguments(args)
     contexts = tuple(int(x) for x in args.contexts.split(","))
     profile = profile_pair(
-        pair.target, pair.draft, max_verify=args.max_verify, contexts=contexts,
-        reference_context=args.reference_context, repetitions=args.repetitions, tree_mask=args.tree_mask,
+        pair.target,
+        pair.draft,
+        max_verify=args.max_verify,
+        contexts=contexts,
+        reference_context=args.reference_context,
+        repetitions=args.repetitions,
+        tree_mask=args.tree_mask,
     ).with_metadata(pair=pair.name)
     profile.save(args.out)
     document, hw = profile.document, profile.hardware
@@ -62,25 +67,51 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.tree:
         shape = TreeShape.parse(args.tree)
         source = args.outputs or TRACES / f"{name}-{args.split}.npz"
-        traces = record_tree_traces(pair, name, source, split=args.split, dtype=args.dtype, shape=shape, depth=args.depth,
-                                    lang=args.lang, per_language=args.per_language, limit=args.limit)
+        traces = record_tree_traces(
+            pair,
+            name,
+            source,
+            split=args.split,
+            dtype=args.dtype,
+            shape=shape,
+            depth=args.depth,
+            lang=args.lang,
+            per_language=args.per_language,
+            limit=args.limit,
+        )
         out = Path(args.out or TRACES / f"{name}-{args.split}-tree.npz")
         traces.save(out)
-        print(f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, k={shape.branching} W={shape.width} V={shape.size} depth {args.depth}, "
-              f"on-path nodes per position {traces.on_path.sum(axis=1).mean():.3f}, {time.perf_counter() - start:.0f} s -> {out} "
-              f"({out.stat().st_size / 1e6:.1f} MB)")
+        print(
+            f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, k={shape.branching} W={shape.width} V={shape.size} depth {args.depth}, "
+            f"on-path nodes per position {traces.on_path.sum(axis=1).mean():.3f}, {time.perf_counter() - start:.0f} s -> {out} "
+            f"({out.stat().st_size / 1e6:.1f} MB)"
+        )
         return 0
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     prompts = select_prompts(args.split, args.lang, args.per_language, args.limit)
-    traces = record_chains(pair, name, prompts, split=args.split, dtype=args.dtype, depth=args.depth, max_new_tokens=args.max_new_tokens,
-                           sampling=sampling, outputs=args.outputs, profile=args.profile, seed=args.seed, samples=args.samples)
+    traces = record_chains(
+        pair,
+        name,
+        prompts,
+        split=args.split,
+        dtype=args.dtype,
+        depth=args.depth,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        outputs=args.outputs,
+        profile=args.profile,
+        seed=args.seed,
+        samples=args.samples,
+    )
     suffix = "" if sampling.is_greedy else f"-t{args.temperature:g}"
     out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
     traces.save(out)
     summary = f"mean acceptance probability {traces.accept_prob.mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
-    print(f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, K={args.depth}, {sampling.describe()}, {summary}, "
-          f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
-          f"({out.stat().st_size / 1e6:.1f} MB)")
+    print(
+        f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, K={args.depth}, {sampling.describe()}, {summary}, "
+        f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
+        f"({out.stat().st_size / 1e6:.1f} MB)"
+    )
     return 0
 
 
@@ -88,8 +119,16 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     """The target's own responses to the draft-training prompt pool, in resumable shards (hours: background)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     prompts = [json.loads(line) for line in Path(args.pool).read_text().splitlines()]
-    generate_shards(prompts, Path(args.out), temperature=args.temperature, dtype=getattr(torch, args.dtype), batch_size=args.batch_size,
-                    shard_size=args.shard_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    generate_shards(
+        prompts,
+        Path(args.out),
+        temperature=args.temperature,
+        dtype=getattr(torch, args.dtype),
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
     return 0
 
 
@@ -134,8 +173,12 @@ def register(commands) -> None:
     rec.add_argument("--seed", type=int, default=0, help="seed of the sampled outputs and drafts (T > 0)")
     rec.add_argument("--samples", type=int, default=1, help="T > 0: sampled outputs recorded per prompt (default 1)")
     rec.add_argument("--profile", help="cost profile to note in the metadata (default profiles/PAIR.json)")
-    rec.add_argument("--tree", metavar="K,W,V", help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
-                     "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels")
+    rec.add_argument(
+        "--tree",
+        metavar="K,W,V",
+        help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
+        "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels",
+    )
     rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree)")
     rec.set_defaults(func=cmd_record)
 
@@ -159,8 +202,11 @@ def register(commands) -> None:
     dist.add_argument("--learning-rate", type=float, default=5e-4, help="peak AdamW learning rate")
     dist.add_argument("--vocab", type=int, default=8192, help="size of the draft vocabulary")
     dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="dtype of the target's forward")
-    dist.add_argument("--feature-cache", default=str(cache_root() / "features"),
-                      help="folder for the target's features on local disk, read instead of recomputed after the first epoch (none: recompute)")
+    dist.add_argument(
+        "--feature-cache",
+        default=str(cache_root() / "features"),
+        help="folder for the target's features on local disk, read instead of recomputed after the first epoch (none: recompute)",
+    )
     dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
     dist.add_argument("--layers", type=int, default=2, help="standalone: transformer layers, initialised from the target's first")
     dist.add_argument("--init", help="standalone: start from this saved draft folder (keeps its layers and vocabulary)")

@@ -20,8 +20,7 @@ from lab.cli.common import add_pair_arguments, floats, pair_from_arguments, prin
 from lab.report import format_table
 from policies import make_policy
 
-POLICY_HELP = ("draft policy spec: static:G, heuristic, confidence[:TAU], entropy[:H], costmodel[:C], "
-               "or a learned policy's run folder / policy.json")
+POLICY_HELP = "draft policy spec: static:G, heuristic, confidence[:TAU], entropy[:H], costmodel[:C], or a learned policy's run folder / policy.json"
 
 
 def cmd_exactness(args: argparse.Namespace) -> int:
@@ -96,8 +95,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             divergence = first_divergence(pair.target, prompt_token_ids(prompt, pair.tokenizer), plain.token_ids, result.token_ids)
             if divergence is not None:
                 print(divergence.describe(lambda t: pair.tokenizer.decode([t])))
-                print("(at float32 the outputs are identical by construction; at bfloat16 a k-token verification forward and a 1-token "
-                      "forward round differently, so near-ties can flip: the output still follows the target's verification forward)")
+                print(
+                    "(at float32 the outputs are identical by construction; at bfloat16 a k-token verification forward and a 1-token "
+                    "forward round differently, so near-ties can flip: the output still follows the target's verification forward)"
+                )
     return 0
 
 
@@ -107,8 +108,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     pair = pair_from_arguments(args)
     decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy), sampling, tokenizer=pair.tokenizer)
     decoder.generate(chat_ids(pair.tokenizer, "Hello"), max_new_tokens=8)  # warm-up
-    print(f"pair {pair.name}, policy {decoder.policy.name}, {sampling.describe()}, {args.max_new_tokens} new tokens, "
-          f"first test-split prompt per language, plain and speculative in the same run\n")
+    print(
+        f"pair {pair.name}, policy {decoder.policy.name}, {sampling.describe()}, {args.max_new_tokens} new tokens, "
+        f"first test-split prompt per language, plain and speculative in the same run\n"
+    )
     rows = []
     for index, lang in enumerate(LANGUAGES):
         prompt = load_prompts("test", lang=lang)[0]
@@ -120,10 +123,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print_rounds(result)
             print()
         same = "yes" if result.token_ids == plain.token_ids else ("n/a (sampled)" if not sampling.is_greedy else "NO")
-        rows.append([
-            lang, prompt["task"], len(result.token_ids), f"{result.mean_emitted:.2f}", f"{result.acceptance_rate:.3f}",
-            f"{plain.tokens_per_second:.1f}", f"{result.tokens_per_second:.1f}", f"{result.tokens_per_second / plain.tokens_per_second:.2f}x", same,
-        ])
+        rows.append(
+            [
+                lang,
+                prompt["task"],
+                len(result.token_ids),
+                f"{result.mean_emitted:.2f}",
+                f"{result.acceptance_rate:.3f}",
+                f"{plain.tokens_per_second:.1f}",
+                f"{result.tokens_per_second:.1f}",
+                f"{result.tokens_per_second / plain.tokens_per_second:.2f}x",
+                same,
+            ]
+        )
     print(format_table(["lang", "task", "tokens", "tokens/round", "accept rate", "plain tok/s", "spec tok/s", "speedup", "identical"], rows))
     return 0
 
@@ -155,8 +167,9 @@ def register(commands) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1.0)")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--max-depth", type=int, default=16, help="hard cap on drafted tokens per round (tree depth with --tree)")
-    gen.add_argument("--tree", metavar="K,W,V",
-                     help="draft trees (greedy only): K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32")
+    gen.add_argument(
+        "--tree", metavar="K,W,V", help="draft trees (greedy only): K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32"
+    )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     gen.add_argument("--compare", action="store_true", help="also run plain target decoding and print the speedup")

@@ -14,8 +14,10 @@ from lab.runs import finished_run_name, latest_runs, link_latest, stamped
 from lab.training import resume, train
 from lab.tree_comparison import evaluate_trees
 
-PROFILE_HELP = ("cost profile for every replay number: auto measures a short one of the pair on this machine first (under a minute) "
-                "and keeps it in the output folder; a file reproduces numbers measured elsewhere (default: the config's env.profile)")
+PROFILE_HELP = (
+    "cost profile for every replay number: auto measures a short one of the pair on this machine first (under a minute) "
+    "and keeps it in the output folder; a file reproduces numbers measured elsewhere (default: the config's env.profile)"
+)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -53,8 +55,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if config.env.tree:
         evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens, repeats=args.repeats)
     else:
-        evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language, args.repeats,
-                 args.calibration_per_language)
+        evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language, args.repeats, args.calibration_per_language)
     print((out / "report.md").read_text())
     print(f"report, evaluation.json and plots in {out}")
     return 0
@@ -90,26 +91,39 @@ def register(commands) -> None:
 
     ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
     ev.add_argument("config", help="the experiment YAML the policies were trained with")
-    ev.add_argument("--policy", action="append",
-                    help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains")
+    ev.add_argument(
+        "--policy",
+        action="append",
+        help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains",
+    )
     ev.add_argument("--runs", default="runs")
     ev.add_argument("--profile", help=PROFILE_HELP)
     ev.add_argument("--live-per-language", type=int, default=2, help="test prompts per language decoded live (0: replay only)")
-    ev.add_argument("--grid-live-per-language", type=int, default=1,
-                    help="val prompts per language on which grid search's 3 best depths are decoded live; one replaces the replay "
-                         "choice only when faster with a 95 %% interval above 1 (0: replay only)")
-    ev.add_argument("--repeats", type=int, default=2,
-                    help="live: runs of each configuration per prompt, back to back in rotating order; medians (default 2)")
-    ev.add_argument("--calibration-per-language", type=int, default=1,
-                    help="val prompts per language decoded live to check replay's modelled time against this machine (0: skip)")
+    ev.add_argument(
+        "--grid-live-per-language",
+        type=int,
+        default=1,
+        help="val prompts per language on which grid search's 3 best depths are decoded live; one replaces the replay "
+        "choice only when faster with a 95 %% interval above 1 (0: replay only)",
+    )
+    ev.add_argument("--repeats", type=int, default=2, help="live: runs of each configuration per prompt, back to back in rotating order; medians (default 2)")
+    ev.add_argument(
+        "--calibration-per-language",
+        type=int,
+        default=1,
+        help="val prompts per language decoded live to check replay's modelled time against this machine (0: skip)",
+    )
     ev.add_argument("--max-new-tokens", type=int, default=128)
     ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
     ev.set_defaults(func=cmd_evaluate)
 
     ret = commands.add_parser("retarget", help="re-evaluate a trained policy under another cost profile and re-train it briefly")
     ret.add_argument("run", help="training run folder, e.g. runs/quickstart-latest")
-    ret.add_argument("--profile", default="auto", help="the new cost profile: a file (adaptive profile --out FILE) or auto (default): "
-                     "this machine, measured now into the new run folder")
+    ret.add_argument(
+        "--profile",
+        default="auto",
+        help="the new cost profile: a file (adaptive profile --out FILE) or auto (default): this machine, measured now into the new run folder",
+    )
     ret.add_argument("--timesteps", type=int, default=10_000, help="re-training steps per phase (default 10000)")
     ret.add_argument("--runs", default="runs")
     ret.add_argument("--out", help="run folder of the re-trained policy (default RUNS/NAME-retarget-DATE)")

@@ -1,0 +1,146 @@
+"""The copy drafter: its suffix index against brute force, rollback, and decoding with it (greedy identity,
+no-match rounds, the tree decoder's refusal). Exactness at T > 0: tests/test_decoder_exactness.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from adaptive import SpeculativeDecoder, generate_plain
+from adaptive.copy_draft import CopyDraft, CopySession, SuffixIndex
+from adaptive.tree_decoder import TreeDecoder
+from policies import StaticDepth, make_policy
+
+
+def occurrences(stream: list[int], pattern: list[int]) -> int:
+    n = len(pattern)
+    return sum(stream[i : i + n] == pattern for i in range(len(stream) - n + 1))
+
+
+def brute_force_proposal(stream: list[int], max_match: int, min_match: int) -> tuple[int, int | None]:
+    """(match length, proposed token) by scanning: the longest suffix of ``stream`` (min..max tokens) that
+    occurred earlier with a follower; its most frequent follower, ties to the one that followed most recently."""
+    for m in range(min(max_match, len(stream) - 1), min_match - 1, -1):
+        suffix = stream[len(stream) - m :]
+        followers = [stream[i + m] for i in range(len(stream) - m) if stream[i : i + m] == suffix]
+        if followers:
+            counts = {t: followers.count(t) for t in followers}
+            best = max(counts.values())
+            return m, next(t for t in reversed(followers) if counts[t] == best)
+    return 0, None
+
+
+def random_stream(rng: random.Random, length: int, alphabet: int) -> list[int]:
+    """Text with copies: random tokens, and now and then a span copied from earlier."""
+    stream: list[int] = []
+    while len(stream) < length:
+        if stream and rng.random() < 0.3:
+            start = rng.randrange(len(stream))
+            stream += stream[start : start + rng.randint(2, 8)]
+        else:
+            stream.append(rng.randrange(alphabet))
+    return stream[:length]
+
+
+def test_index_counts_every_suffix_occurrence():
+    rng = random.Random(0)
+    stream = random_stream(rng, 120, 5)
+    index = SuffixIndex(depth=4)
+    for token in stream:
+        index.append(token)
+    checked = 0
+    for start in range(len(stream)):
+        for n in range(1, 5):
+            pattern = stream[start : start + n]
+            if len(pattern) < n:
+                continue
+            node = 0
+            for token in pattern:
+                node = index.children[node][token]
+            assert index.count[node] == occurrences(stream, pattern), pattern
+            checked += 1
+    assert checked > 400
+
+
+def test_pop_undoes_append_exactly():
+    rng = random.Random(1)
+    stream = random_stream(rng, 80, 4)
+    index = SuffixIndex(depth=5)
+    for token in stream[:50]:
+        index.append(token)
+    snapshot = ([dict(c) for c in index.children], list(index.count), list(index.recent), list(index.ending))
+    for token in stream[50:]:
+        index.append(token)
+    for _ in stream[50:]:
+        index.pop()
+    assert ([dict(c) for c in index.children], index.count, index.recent, index.ending) == snapshot
+    assert index.length == 50
+
+
+@pytest.mark.parametrize(("max_match", "min_match"), [(16, 1), (3, 1), (6, 2)])
+def test_proposals_and_match_lengths_equal_brute_force(max_match, min_match):
+    rng = random.Random(max_match + min_match)
+    stream = random_stream(rng, 200, 6)
+    session = CopySession(CopyDraft(max_match, min_match), vocab_size=6, device=torch.device("cpu"))
+    rows = session.forward(stream)
+    for t in range(len(stream)):
+        length, token = brute_force_proposal(stream[: t + 1], max_match, min_match)
+        assert session.match_lengths[t] == length, t
+        if token is None:
+            assert torch.isneginf(rows[t]).all(), t
+        else:
+            assert int(rows[t].argmax()) == token, t
+
+
+def test_rows_are_log_frequencies_of_the_continuations():
+    session = CopySession(CopyDraft(), vocab_size=8, device=torch.device("cpu"))
+    row = session.forward([1, 2, 1, 3, 1, 2, 1])[-1]  # "1 2 1" was followed by 3
+    assert session.match_lengths[-1] == 3
+    probabilities = torch.softmax(row, dim=-1)
+    assert probabilities[3] == pytest.approx(1.0)
+    row = session.forward([4, 1])[-1]  # "4 1" is new; "1" was followed by 2, 3, 2, 4
+    assert session.match_lengths[-1] == 1
+    probabilities = torch.softmax(row, dim=-1)
+    assert probabilities[[2, 3, 4]].tolist() == pytest.approx([0.5, 0.25, 0.25], abs=1e-5)
+
+
+def test_rolled_back_session_equals_a_fresh_one():
+    rng = random.Random(3)
+    stream = random_stream(rng, 90, 5)
+    session = CopySession(CopyDraft(8), vocab_size=5, device=torch.device("cpu"))
+    session.forward(stream)
+    session.rollback(40)
+    again = session.forward(stream[40:])
+    fresh = CopySession(CopyDraft(8), vocab_size=5, device=torch.device("cpu"))
+    assert torch.equal(again, fresh.forward(stream)[40:])
+    with pytest.raises(ValueError, match="cannot roll back to length 91"):
+        session.rollback(91)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="min_match=3, max_match=2"):
+        CopyDraft(max_match=2, min_match=3)
+
+
+@pytest.mark.parametrize("spec", ["static:1", "static:4", "static:8", "heuristic", "confidence"])
+def test_greedy_output_is_identical_to_plain_greedy(spec, target):
+    decoder = SpeculativeDecoder(target, CopyDraft(), make_policy(spec))
+    for prompt in ([5], [1, 2, 3], [7, 7, 7, 7, 7, 7, 7, 7], [15, 0, 9, 4, 2, 11, 15, 0, 9]):
+        for length in (1, 7, 40):
+            expected = generate_plain(target, prompt, length).token_ids
+            assert decoder.generate(prompt, length).token_ids == expected, (prompt, length)
+
+
+def test_rounds_without_a_match_are_plain_steps_and_copies_get_accepted(target):
+    result = SpeculativeDecoder(target, CopyDraft(min_match=2), StaticDepth(4)).generate([1, 2, 3], 60)
+    assert result.token_ids == generate_plain(target, [1, 2, 3], 60).token_ids
+    assert result.rounds[0].drafted == 0 and result.rounds[0].emitted == 1  # "2 3" never occurred before
+    assert any(r.drafted for r in result.rounds)
+    assert sum(r.accepted for r in result.rounds) > 0  # the tiny target repeats itself; the drafter copies it
+
+
+def test_the_tree_decoder_refuses_the_copy_drafter(target):
+    with pytest.raises(ValueError, match="CopyDraft drafts chains only"):
+        TreeDecoder(target, CopyDraft(), StaticDepth(2))
