@@ -102,6 +102,9 @@ class CachedModel:
             self.tapped = self.tapped.index_select(0, index)
         self.length = len(columns)
 
+    def begin_round(self) -> None:
+        """A decoding round starts (nothing to do: a model's proposals depend on the tokens alone)."""
+
     def rollback(self, length: int) -> None:
         """Discard cached entries past ``length`` (keep the first ``length`` tokens)."""
         if not 0 <= length <= self.length:

@@ -41,9 +41,11 @@ class CopyDraft:
         if not 1 <= self.min_match <= self.max_match:
             raise ValueError(f"the copy drafter needs 1 <= min_match <= max_match, got min_match={self.min_match}, max_match={self.max_match}")
 
-    @property
-    def name(self) -> str:
-        return "copy"
+    name = "copy"
+
+    def session(self, vocab_size: int, device: torch.device) -> CopySession:
+        """A session reading one sequence (logits over ``vocab_size`` tokens, on ``device``)."""
+        return CopySession(self, vocab_size, device)
 
 
 class SuffixIndex:
@@ -141,6 +143,9 @@ class CopySession:
         """A match needs one token of context at least."""
         return confirmed >= 1
 
+    def begin_round(self) -> None:
+        """Nothing to do: each proposal depends on the tokens read alone."""
+
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Read tokens; per token, float32 logits ``[n, V]``: the log-counts of the continuations of its
         longest earlier match (−inf elsewhere; −inf everywhere when there is no match)."""
@@ -167,6 +172,103 @@ class CopySession:
             self.index.pop()
             self.tokens.pop()
             self.match_lengths.pop()
+
+
+@dataclass(frozen=True)
+class PromptLookupDraft:
+    """transformers' prompt lookup (``prompt_lookup_num_tokens``), as a baseline drafter: at the start of a
+    round, find the first (leftmost) earlier occurrence of the context's last ``max_ngram`` tokens, else of
+    fewer, down to 1, that has a continuation, and copy up to ``num_tokens`` tokens that followed it (not
+    past the context's end as it was then); nothing when no n-gram matches. Draft to the cap (``static``)
+    to run it as transformers does. Unlike transformers, an EOS inside the copied span is proposed too (the
+    output stops there all the same)."""
+
+    max_ngram: int = 2
+    num_tokens: int = 10
+    name = "prompt-lookup"
+
+    def __post_init__(self) -> None:
+        if self.max_ngram < 1 or self.num_tokens < 1:
+            raise ValueError(f"prompt lookup needs max_ngram >= 1 and num_tokens >= 1, got {self.max_ngram} and {self.num_tokens}")
+
+    def session(self, vocab_size: int, device: torch.device) -> PromptLookupSession:
+        """A session reading one sequence (logits over ``vocab_size`` tokens, on ``device``)."""
+        return PromptLookupSession(self, vocab_size, device)
+
+
+class PromptLookupSession:
+    """:class:`PromptLookupDraft` reading one sequence, with the surface of :class:`CopySession`. The first
+    row of a round looks the context up; the rows for the drafted tokens continue the copied span. A row
+    proposes with logit 0 at its token and −inf elsewhere (−inf everywhere: nothing to propose)."""
+
+    deterministic = True
+
+    def __init__(self, draft: PromptLookupDraft, vocab_size: int, device: torch.device) -> None:
+        self.model, self.vocab_size, self.device = draft, vocab_size, device
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[int] = []
+        self.match_lengths: list[int] = []
+        self.begin_round()
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def can_draft(self, confirmed: int) -> bool:
+        """A lookup needs two tokens: an n-gram and an earlier occurrence of it."""
+        return confirmed >= 2
+
+    def begin_round(self) -> None:
+        """The round's first call looks the context up afresh, as transformers does at every round."""
+        self._span: tuple[int, int] | None = None
+        """(index of the token the last row proposed, end of the copied span) while a span is being copied."""
+        self._drafting = False
+
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Read tokens; one-hot logits ``[n, V]`` of the proposal after each (−inf rows: none). In the round's
+        first call each row is a lookup; in later calls a token that is the last row's proposal moves along its
+        span (which ends after ``num_tokens``), any other token is looked up."""
+        rows = torch.full((len(token_ids), self.vocab_size), -math.inf, dtype=torch.float32)
+        for i, token in enumerate(token_ids):
+            self.tokens.append(int(token))
+            span = self._span
+            if self._drafting and span is not None and self.tokens[span[0]] == int(token):
+                self._span = (span[0] + 1, span[1]) if span[0] + 1 < span[1] else None
+                self.match_lengths.append(self.match_lengths[-1] if self._span else 0)
+            else:
+                self._span, ngram = self._lookup()
+                self.match_lengths.append(ngram)
+            if self._span is not None:
+                rows[i, self.tokens[self._span[0]]] = 0.0
+        self._drafting = True
+        return rows.to(self.device)
+
+    def _lookup(self) -> tuple[tuple[int, int] | None, int]:
+        """The first earlier occurrence of the last n tokens (n = max_ngram, ..., 1) with a continuation: the
+        span of up to ``num_tokens`` tokens after it, and n."""
+        tokens = torch.tensor(self.tokens)
+        length = len(self.tokens)
+        for n in range(min(self.model.max_ngram, length - 1), 0, -1):
+            windows = tokens.unfold(0, n, 1)
+            starts = (windows == tokens[-n:]).all(dim=1).nonzero()[:, 0] + n
+            starts = starts[starts < length]
+            if len(starts):
+                start = int(starts[0])
+                return (start, min(start + self.model.num_tokens, length)), n
+        return None, 0
+
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` tokens read."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to length {length}: the prompt lookup holds {self.length} tokens")
+        del self.tokens[length:], self.match_lengths[length:]
+        self.begin_round()
+
+
+MODEL_FREE = (CopyDraft, PromptLookupDraft)
+"""The drafters that need no model (``isinstance(draft, MODEL_FREE)``): no vocabulary of their own, chains only."""
 
 
 def proposes(row: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import PreTrainedModel
@@ -108,11 +108,12 @@ class ChainGeneration(Generation):
         if not self.decoder.sampling.is_greedy:
             drafted.q_rows.append(proposal_distribution(logits, self.decoder.sampling, draft.deterministic))
             sampled = sample(drafted.q_rows[-1], self.decoder.generator)
+        match = draft.match_lengths[-1] if draft.deterministic else 0
         if features:
-            steps.extend(_draft_steps(logits[None], None if sampled is None else sampled[None], steps))
+            steps.append(replace(_draft_steps(logits[None], None if sampled is None else sampled[None], steps)[0], match_length=match))
         else:
             self._deferred_logits.append(logits)
-            steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES))
+            steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES, match))
         drafted.draft_time += clock() - t0
         return steps[-1]
 
@@ -122,7 +123,8 @@ class ChainGeneration(Generation):
             t0 = self.decoder.clock()
             logits = torch.stack(self._deferred_logits)
             tokens = torch.tensor([s.token for s in self._drafted.steps], device=logits.device)
-            self._drafted.steps = _draft_steps(logits, tokens, [])
+            matches = [step.match_length for step in self._drafted.steps]
+            self._drafted.steps = [replace(step, match_length=m) for step, m in zip(_draft_steps(logits, tokens, []), matches)]
             self._deferred_logits = []
             self._drafted.draft_time += self.decoder.clock() - t0
         return self.state()

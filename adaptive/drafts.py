@@ -2,17 +2,20 @@
 
 A decoder drives its draft through a cached session with the same surface as :class:`CachedModel`:
 ``length`` (tokens consumed), ``forward(token_ids)`` (logits over the target's vocabulary for each fed
-token's next token), ``rollback(length)``, ``reset()``, and ``can_draft(confirmed)`` (whether the draft can
-propose after that many confirmed tokens); for trees and batched rollouts also ``forward_masked(token_ids,
-positions, mask)`` and ``keep(columns)``. :func:`draft_session` picks the session for a draft:
+token's next token), ``rollback(length)``, ``reset()``, ``begin_round()`` (called as each round starts) and
+``can_draft(confirmed)`` (whether the draft can propose after that many confirmed tokens); for trees and
+batched rollouts also ``forward_masked(token_ids, positions, mask)`` and ``keep(columns)``.
+:func:`draft_session` picks the session for a draft:
 
 * a transformers causal LM (the standalone draft): :class:`CachedModel` itself;
 * an :class:`~adaptive.eagle3.Eagle3Head`: :class:`HeadSession`, which reads the target's hidden states
   from the target's session (:func:`target_taps` tells the target which layers to keep);
-* a :class:`~adaptive.copy_draft.CopyDraft`: :class:`~adaptive.copy_draft.CopySession` (no model; chains only).
+* a :class:`~adaptive.copy_draft.CopyDraft` or :class:`~adaptive.copy_draft.PromptLookupDraft`: their
+  sessions in :mod:`adaptive.copy_draft` (no model; chains only).
 
 ``deterministic`` says how the decoder draws from a session's logits: False, a sample of their sampling
-distribution (greedy: the arg-max); True, always the arg-max, so q is one-hot under sampling.
+distribution (greedy: the arg-max); True (the copy drafters), always the arg-max, so q is one-hot under
+sampling, and ``match_lengths`` holds the match length behind each row.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import torch
 from torch import nn
 
 from adaptive.cached_model import CachedModel, output_vocab_size
-from adaptive.copy_draft import CopyDraft, CopySession
+from adaptive.copy_draft import MODEL_FREE, CopyDraft, CopySession, PromptLookupDraft, PromptLookupSession
 from adaptive.eagle3 import Eagle3Head, rotary
 
-Draft = nn.Module | CopyDraft
-"""Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or the copy drafter."""
+Draft = nn.Module | CopyDraft | PromptLookupDraft
+"""Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or a copy drafter."""
 
 
 def target_taps(draft: Draft) -> tuple[int, ...] | None:
@@ -35,14 +38,14 @@ def target_taps(draft: Draft) -> tuple[int, ...] | None:
     return tuple(draft.config.layer_ids) if isinstance(draft, Eagle3Head) else None
 
 
-def draft_session(draft: Draft, target: CachedModel) -> CachedModel | HeadSession | CopySession:
+def draft_session(draft: Draft, target: CachedModel) -> CachedModel | HeadSession | CopySession | PromptLookupSession:
     """The cached session a decoder drives ``draft`` through."""
-    if isinstance(draft, CopyDraft):
-        return CopySession(draft, output_vocab_size(target.model), target.device)
+    if isinstance(draft, MODEL_FREE):
+        return draft.session(output_vocab_size(target.model), target.device)
     return HeadSession(draft, target) if isinstance(draft, Eagle3Head) else CachedModel(draft)
 
 
-def teacher_forced(target: nn.Module, draft: Draft, sequence: list[int]) -> tuple[CachedModel | HeadSession | CopySession, torch.Tensor]:
+def teacher_forced(target: nn.Module, draft: Draft, sequence: list[int]) -> tuple[CachedModel | HeadSession | CopySession | PromptLookupSession, torch.Tensor]:
     """A new session of ``draft`` that has read all of ``sequence``, and its logits ``[len, V]`` (row i: the
     draft's next-token logits after token i). A head reads the target's states of one teacher-forced target
     forward over the sequence; its row 0 is -inf (the first token makes no entry)."""
@@ -134,6 +137,9 @@ class HeadSession:
         out = self._entries([int(t) for t in token_ids], self.states[parents - 1], positions, allowed[:, 1:])
         self.tokens += [int(t) for t in token_ids]
         return self.model.target_logits(out)
+
+    def begin_round(self) -> None:
+        """A decoding round starts (nothing to do: :meth:`rollback` already dropped the head's own entries)."""
 
     def keep(self, columns: Sequence[int]) -> None:
         """Keep the leading run of ``columns`` that is the cache's own prefix, and no entry made from the

@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.copy_draft import CopyDraft
+from adaptive.copy_draft import MODEL_FREE
 from adaptive.drafts import Draft, draft_session, target_taps
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
@@ -155,6 +155,7 @@ class Generation(ABC):
         self._begin_round()
 
     def _begin_round(self) -> None:
+        self.decoder.draft.begin_round()
         ready = self.decoder.draft.can_draft(len(self.tokens))
         self.max_depth = depth_cap(self.decoder.max_depth, self.output.remaining) if ready else 0
 
@@ -218,9 +219,9 @@ class Decoder(ABC):
         max_depth: int = 16,
         eos_token_id: int | Sequence[int] | None = None,
     ) -> None:
-        if not isinstance(draft, CopyDraft):  # the copy drafter proposes the context's own tokens: any target
+        if not isinstance(draft, MODEL_FREE):  # the copy drafter proposes the context's own tokens: any target
             check_compatible(target, draft, tokenizer, draft_tokenizer)
-        if not isinstance(draft, CopyDraft) and target.device != draft.device:
+        if not isinstance(draft, MODEL_FREE) and target.device != draft.device:
             raise ValueError(f"target and draft must be on one device, got {target.device} and {draft.device}")
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")

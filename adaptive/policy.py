@@ -39,6 +39,8 @@ class DraftStep:
     """Log-probability of the drafted token."""
     cumulative_log_prob: float
     """Sum of log_prob over this round's steps so far."""
+    match_length: int = 0
+    """A copy drafter's: how many context tokens the match it copies from spans (0 for model drafts)."""
 
 
 @dataclass(frozen=True)

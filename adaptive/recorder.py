@@ -33,7 +33,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.copy_draft import CopyDraft
+from adaptive.copy_draft import MODEL_FREE
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft, HeadSession, draft_session, target_taps, teacher_forced
 from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
@@ -71,8 +71,8 @@ def greedy_output(decoder: SpeculativeDecoder, prompt: list[int], max_new_tokens
 def _check_prompt(draft: Draft, prompt_length: int) -> None:
     """A head drafts from the target's state before the last token: refuse a 1-token prompt for it. Traces
     say how far a model draft matches; the copy drafter's (which may have nothing to propose) are not recorded."""
-    if isinstance(draft, CopyDraft):
-        raise ValueError("traces of the copy drafter are not recorded; decode with it live (adaptive generate --draft copy)")
+    if isinstance(draft, MODEL_FREE):
+        raise ValueError("traces of copy drafters are not recorded; decode with it live (adaptive generate --draft copy)")
     if target_taps(draft) and prompt_length < 2:
         raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {prompt_length}")
 

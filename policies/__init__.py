@@ -2,7 +2,7 @@
 ``make_policy(spec)``, which builds a baseline by name or loads a learned policy from a path
 (``adaptive.load_policy``)."""
 
-from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth
+from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth, SuffixRule
 from policies.registry import POLICY_SPECS, make_policy
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "EntropyStop",
     "HeuristicSchedule",
     "StaticDepth",
+    "SuffixRule",
     "make_policy",
 ]

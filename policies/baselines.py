@@ -1,5 +1,6 @@
 """Baseline draft policies: static depth, cost-model optimum, transformers' heuristic schedule,
-confidence threshold and entropy stop. Each verifies every drafted token (chain drafts)."""
+confidence threshold, entropy stop, and SuffixDecoding's rule for copy drafters. Each verifies every drafted
+token (chain drafts) but SuffixDecoding's, which leaves out a last token below its probability floor."""
 
 from __future__ import annotations
 
@@ -74,6 +75,27 @@ class EntropyStop(BasePolicy):
 
     def should_continue(self, state: DraftState) -> bool:
         return state.steps[-1].entropy <= self.threshold
+
+
+class SuffixRule(BasePolicy):
+    """SuffixDecoding's rule (arXiv 2411.04975; vLLM's defaults) for a copy drafter: draft at most
+    ⌊m · factor + offset⌋ tokens, m the match length the round's first proposal copies from, and stop at a
+    token whose estimated probability — the product of the drafter's continuation frequencies this round —
+    is below ``min_prob``; that token is left out of the verification unless it is the only one. With a model
+    draft (m = 0) it drafts one token."""
+
+    def __init__(self, factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1) -> None:
+        if factor < 0 or not 0.0 < min_prob <= 1.0:
+            raise ValueError(f"SuffixDecoding's rule needs factor >= 0 and min_prob in (0, 1], got factor={factor}, min_prob={min_prob}")
+        self.factor, self.offset, self.min_log_prob = factor, offset, math.log(min_prob)
+        self.name = "suffix" if (factor, offset, min_prob) == (1.0, 0.0, 0.1) else f"suffix:{factor:g}"
+
+    def should_continue(self, state: DraftState) -> bool:
+        limit = math.floor(state.steps[0].match_length * self.factor + self.offset)
+        return state.depth < limit and state.steps[-1].cumulative_log_prob >= self.min_log_prob
+
+    def verify_size(self, state: DraftState) -> int:
+        return max(1, sum(step.cumulative_log_prob >= self.min_log_prob for step in state.steps))
 
 
 class CostModelPolicy(BasePolicy):

@@ -1,4 +1,4 @@
-"""Policies by spec string, e.g. ``static:4``, ``heuristic``, ``confidence:0.4``, ``entropy:2.0``, ``costmodel``."""
+"""Policies by spec string, e.g. ``static:4``, ``heuristic``, ``confidence:0.4``, ``entropy:2.0``, ``suffix``, ``costmodel``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from adaptive.learned_policy import load_policy
 from adaptive.policy import DraftPolicy
-from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth
+from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth, SuffixRule
 
 POLICY_SPECS: dict[str, tuple[Callable[[str | None], DraftPolicy], str]] = {
     "static": (lambda arg: StaticDepth(_required_int(arg, "static")), "static:G — always draft G tokens"),
@@ -22,6 +22,10 @@ POLICY_SPECS: dict[str, tuple[Callable[[str | None], DraftPolicy], str]] = {
     "entropy": (
         lambda arg: EntropyStop(float(arg) if arg else 2.0),
         "entropy[:H] — stop when the draft's entropy > H nats (default 2.0)",
+    ),
+    "suffix": (
+        lambda arg: SuffixRule(float(arg) if arg else 1.0),
+        "suffix[:FACTOR] — SuffixDecoding's rule for the copy drafter: at most match length × FACTOR tokens, stop below probability 0.1 (default FACTOR 1)",
     ),
     "costmodel": (
         lambda arg: CostModelPolicy(c=float(arg) if arg else None),

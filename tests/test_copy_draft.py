@@ -3,15 +3,18 @@ no-match rounds, the tree decoder's refusal). Exactness at T > 0: tests/test_dec
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from adaptive import SpeculativeDecoder, generate_plain
-from adaptive.copy_draft import CopyDraft, CopySession, SuffixIndex
+from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain
+from adaptive.copy_draft import CopyDraft, CopySession, PromptLookupDraft, PromptLookupSession, SuffixIndex
+from adaptive.policy import DraftState, DraftStep
 from adaptive.tree_decoder import TreeDecoder
-from policies import StaticDepth, make_policy
+from policies import StaticDepth, SuffixRule, make_policy
 
 
 def occurrences(stream: list[int], pattern: list[int]) -> int:
@@ -144,3 +147,70 @@ def test_rounds_without_a_match_are_plain_steps_and_copies_get_accepted(target):
 def test_the_tree_decoder_refuses_the_copy_drafter(target):
     with pytest.raises(ValueError, match="CopyDraft drafts chains only"):
         TreeDecoder(target, CopyDraft(), StaticDepth(2))
+
+
+def lookup_round(session: PromptLookupSession, context: list[int]) -> list[int]:
+    """What the session proposes in one round after ``context``, fed its own proposals as a decoder does."""
+    session.reset()
+    session.forward(context[:-1])
+    session.begin_round()
+    proposal, row = [], session.forward(context[-1:])[-1]
+    while torch.isfinite(row).any():
+        proposal.append(int(row.argmax()))
+        row = session.forward(proposal[-1:])[-1]
+    return proposal
+
+
+@pytest.mark.parametrize(("max_ngram", "num_tokens"), [(2, 10), (3, 4), (1, 6)])
+def test_prompt_lookup_proposes_what_transformers_prompt_lookup_proposes(max_ngram, num_tokens):
+    rng = random.Random(max_ngram * 10 + num_tokens)
+    reference = PromptLookupCandidateGenerator(num_output_tokens=num_tokens, max_matching_ngram_size=max_ngram, max_length=10_000)
+    session = PromptLookupSession(PromptLookupDraft(max_ngram, num_tokens), vocab_size=7, device=torch.device("cpu"))
+    stream = random_stream(rng, 150, 7)
+    proposed = 0
+    for t in range(2, len(stream)):
+        candidates, _ = reference.get_candidates(torch.tensor([stream[:t]]))
+        expected = candidates[0, t:].tolist()
+        assert lookup_round(session, stream[:t]) == expected, t
+        proposed += bool(expected)
+    assert proposed > 100
+
+
+def test_prompt_lookup_decodes_greedy_identically_and_samples(target):
+    prompt = [15, 0, 9, 4, 2, 11, 15, 0, 9]
+    decoder = SpeculativeDecoder(target, PromptLookupDraft(), StaticDepth(10))
+    result = decoder.generate(prompt, 40)
+    assert result.token_ids == generate_plain(target, prompt, 40).token_ids
+    assert result.rounds[0].drafted == 6  # "0 9" first occurred at 1, followed by the 6 tokens up to the prompt's end
+    sampled = SpeculativeDecoder(target, PromptLookupDraft(), StaticDepth(10), SamplingConfig(1.0)).generate(prompt, 30, seed=3)
+    assert len(sampled.token_ids) == 30
+
+
+def copy_steps(probabilities: list[float], match: int) -> tuple[DraftStep, ...]:
+    steps, cumulative = [], 0.0
+    for p in probabilities:
+        cumulative += math.log(p)
+        steps.append(DraftStep(0, p, 0.0, math.log(p), cumulative, match))
+    return tuple(steps)
+
+
+def test_suffix_rule_drafts_up_to_the_match_length_times_the_factor_and_stops_below_the_floor():
+    rule = SuffixRule(factor=1.0, offset=0.0, min_prob=0.1)
+    state = lambda probabilities, match: DraftState(20, copy_steps(probabilities, match), 16)  # noqa: E731
+    assert rule.should_continue(state([0.9, 0.9], match=3))
+    assert not rule.should_continue(state([0.9, 0.9, 0.9], match=3))  # ⌊3 · 1.0⌋ drafted
+    assert rule.should_continue(state([0.5, 0.3], match=8))  # estimated probability 0.15
+    assert not rule.should_continue(state([0.5, 0.3, 0.5], match=8))  # 0.075 < 0.1: stop, and leave it out
+    assert rule.verify_size(state([0.5, 0.3, 0.5], match=8)) == 2
+    assert rule.verify_size(state([0.05], match=8)) == 1
+    assert SuffixRule(factor=0.5, offset=1.0).should_continue(state([0.9], match=2))  # ⌊2 · 0.5 + 1⌋ = 2
+    with pytest.raises(ValueError, match="min_prob=0"):
+        SuffixRule(min_prob=0.0)
+
+
+def test_suffix_rule_with_the_copy_drafter_is_greedy_identical(target):
+    prompt = [15, 0, 9, 4, 2, 11, 15, 0, 9]
+    result = SpeculativeDecoder(target, CopyDraft(), SuffixRule()).generate(prompt, 40)
+    assert result.token_ids == generate_plain(target, prompt, 40).token_ids
+    first = result.rounds[0]
+    assert first.drafted == 3  # "15 0 9" matched: at most 3 tokens
