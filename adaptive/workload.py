@@ -1,5 +1,6 @@
 """The multilingual prompt workload shipped in ``data/workload/prompts.jsonl`` (built by
-``scripts/build_workload.py``): Italian, English, Chinese and Spanish prompts of four task types, split
+``scripts/build_workload.py``): Italian, English, Chinese and Spanish prompts of eight task types — four
+general ones and four copy-heavy ones (:data:`COPY_TASKS`, whose answers copy spans of the prompt) — split
 train / val / test. The test split is for final evaluation only."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "workload" / "prompts.jsonl"
 LANGUAGES = ("it", "en", "zh", "es")
 SPLITS = ("train", "val", "test")
-TASKS = ("question", "continuation", "code", "translation")
+COPY_TASKS = ("fix", "comment", "passage", "keep-names")
+"""Fix the typos in a passage; comment code; answer from a passage; translate keeping commands and names."""
+TASKS = ("question", "continuation", "code", "translation", *COPY_TASKS)
 
 
 def load_prompts(split: str, lang: str | None = None, task: str | None = None, path: Path = WORKLOAD) -> list[dict]:

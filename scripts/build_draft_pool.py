@@ -39,6 +39,7 @@ from build_workload import (  # noqa: E402
     TOKEN_RANGE,
     collect_sources,
     fetch,
+    in_language,
     split_of,
 )
 
@@ -65,12 +66,6 @@ GENERIC_CODE = {
     "es": "Explica qué hace este código:\n\n```\n{text}\n```",
     "zh": "请解释这段代码的作用：\n\n```\n{text}\n```",
 }
-STOPWORDS = {
-    "en": {"the", "of", "and", "to", "is", "in", "you", "that", "it", "with"},
-    "it": {"il", "di", "che", "la", "e", "per", "un", "una", "non", "della", "è", "gli"},
-    "es": {"el", "de", "que", "la", "y", "los", "las", "por", "un", "una", "se", "del"},
-}
-CJK = re.compile(r"[\u4e00-\u9fff]")
 PER_TASK = 1600  # per language and task: 4 x 4 x 1600 = 25,600 prompts at most
 
 
@@ -127,18 +122,6 @@ def html_passages(root: Path) -> dict[str, dict[str, list[tuple[str, str]]]]:
                     elif text.endswith((".", ":", "。", "：", "!", "?", "！", "？")):
                         out[lang]["paragraph"].append((source, text))
     return out
-
-
-def in_language(text: str, lang: str) -> bool:
-    """True unless the text is plainly in another language (untranslated pages of translated manuals)."""
-    cjk = len(CJK.findall(text))
-    if lang == "zh":
-        return cjk >= 0.2 * len(re.sub(r"\s", "", text))
-    if cjk:
-        return False
-    words = re.findall(r"[a-zàèéìíòóùúñü]+", text.lower())
-    hits = {other: sum(w in stop for w in words) for other, stop in STOPWORDS.items()}
-    return max(hits.values()) == 0 or hits[lang] == max(hits.values())
 
 
 def build_pool(workload: list[dict], extra, base, tokenizer, seed: int = 20261130) -> list[dict]:

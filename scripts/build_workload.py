@@ -7,8 +7,11 @@ codes are stripped.
 
 Every source passage is assigned to train / val / test by a hash of its text, so a passage (and anything
 made from it) lives in one split only. Prompts: four task types per language (question, continuation,
-code, translation), instructions written in the prompt's language. The corpus for distillation holds
-train-split passages only.
+code, translation), then four copy-heavy ones whose answers copy spans of the prompt (fix the typos in a
+passage, comment a piece of code, answer from a passage, translate keeping commands and names), appended
+after them with a generator of their own so the first four are unchanged; instructions are written in the
+prompt's language. Copy-heavy prompts use passages no earlier prompt and no draft-training prompt
+(``draft-prompts.jsonl``) contains. The corpus for distillation holds train-split passages only.
 
 Run: .venv/bin/python scripts/build_workload.py [--debs DIR] [--corpus PATH]
 """
@@ -104,9 +107,60 @@ INSTRUCTIONS = {
         "zh": "请翻译成英文：\n\n{text}",
     },
 }
+COPY_INSTRUCTIONS = {
+    "fix": {
+        "en": "Fix the typos in this text and write it out corrected, changing nothing else:\n\n{text}",
+        "it": "Correggi gli errori di battitura in questo testo e riscrivilo corretto, senza cambiare altro:\n\n{text}",
+        "es": "Corrige las erratas de este texto y escríbelo corregido, sin cambiar nada más:\n\n{text}",
+        "zh": "请改正下面这段文字中的错别字，并写出改正后的全文，其他内容不要改动：\n\n{text}",
+    },
+    "comment": {
+        "en": "Add a short comment to each line of this Python code and write out the whole code:\n\n```python\n{text}\n```",
+        "it": "Aggiungi un breve commento a ogni riga di questo codice Python e riscrivi tutto il codice:\n\n```python\n{text}\n```",
+        "es": "Añade un comentario breve a cada línea de este código Python y escribe el código completo:\n\n```python\n{text}\n```",
+        "zh": "请给这段 Python 代码的每一行加上简短的注释，并写出完整的代码：\n\n```python\n{text}\n```",
+    },
+    "passage": {
+        "en": "Answer using only the passage. Passage: {text}\n\nQuestion: what does the passage say about {term}?",
+        "it": "Rispondi usando solo il brano. Brano: {text}\n\nDomanda: che cosa dice il brano a proposito di {term}?",
+        "es": "Responde usando solo el pasaje. Pasaje: {text}\n\nPregunta: ¿qué dice el pasaje sobre {term}?",
+        "zh": "请只根据下面的段落回答。段落：{text}\n\n问题：这段话关于{term}说了什么？",
+    },
+    "keep-names": {
+        "en": "Translate into Spanish, keeping commands, file names and quoted terms exactly as they are:\n\n{text}",
+        "it": "Traduci in inglese, lasciando comandi, nomi di file e termini tra virgolette esattamente come sono:\n\n{text}",
+        "es": "Traduce al inglés, dejando los comandos, los nombres de archivo y los términos entre comillas tal como están:\n\n{text}",
+        "zh": "请翻译成英文，命令、文件名和引号中的内容保持原样：\n\n{text}",
+    },
+}
+COPY_TASK_SOURCES = {"fix": "paragraph", "comment": "code", "passage": "paragraph", "keep-names": "paragraph"}
+COPY_TOKEN_RANGE = {"fix": (30, 100), "comment": (15, 110), "passage": (30, 110), "keep-names": (20, 100)}
+COPY_PROMPTS_PER_TASK = 40  # per language: 4 tasks x 40 = 160 prompts
+NAMED = re.compile(r'"([^"\n]{2,40})"|\b([a-z][\w.+-]*\(\d\))|(?<![\w/])(/[\w.-]+(?:/[\w.-]+)+)')
+"""What a passage names verbatim: a quoted term, a manual-page reference like mount(8), or a file path."""
 PROMPTS_PER_TASK = 75  # per language: 4 tasks x 75 = 300 prompts
 SPLIT_THRESHOLDS = (("train", 70), ("val", 85), ("test", 100))
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+STOPWORDS = {
+    "en": {"the", "of", "and", "to", "is", "in", "you", "that", "it", "with"},
+    "it": {"il", "di", "che", "la", "e", "per", "un", "una", "non", "della", "è", "gli"},
+    "es": {"el", "de", "que", "la", "y", "los", "las", "por", "un", "una", "se", "del"},
+}
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def in_language(text: str, lang: str) -> bool:
+    """True unless the text is plainly in another language (untranslated pages of translated manuals)."""
+    cjk = len(CJK.findall(text))
+    if lang == "zh":
+        return cjk >= 0.2 * len(re.sub(r"\s", "", text))
+    if cjk:
+        return False
+    words = re.findall(r"[a-zàèéìíòóùúñü]+", text.lower())
+    hits = {other: sum(w in stop for w in words) for other, stop in STOPWORDS.items()}
+    return max(hits.values()) == 0 or hits[lang] == max(hits.values())
 
 
 def split_of(text: str) -> str:
@@ -256,6 +310,96 @@ def build_prompts(by_lang, tokenizer, seed: int = 20260923) -> list[dict]:
     return prompts
 
 
+def with_typos(text: str, lang: str) -> str:
+    """The passage with deterministic typos (seeded by its text): two neighbouring letters swapped in about
+    one word in six (Latin script), or two neighbouring characters in about one place in fifteen (Chinese)."""
+    rng = random.Random(hashlib.sha256(text.encode()).hexdigest())
+    if lang == "zh":
+        chars = list(text)
+        for i in range(len(chars) - 1):
+            if CJK.match(chars[i]) and CJK.match(chars[i + 1]) and rng.random() < 1 / 15:
+                chars[i], chars[i + 1] = chars[i + 1], chars[i]
+        return "".join(chars)
+
+    def swap(match: re.Match) -> str:
+        word = match.group(0)
+        if rng.random() >= 1 / 6:
+            return word
+        i = rng.randrange(1, len(word) - 2)
+        return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
+
+    return re.sub(r"[^\W\d_]{5,}", swap, text)
+
+
+def copy_prompt(task: str, lang: str, text: str) -> str | None:
+    """The copy-heavy prompt of ``task`` made from a passage, or None when the passage does not suit it (a
+    question asks about something the passage names verbatim, which a translation must also keep)."""
+    template = COPY_INSTRUCTIONS[task][lang]
+    if task == "fix":
+        typed = with_typos(text, lang)
+        return template.format(text=typed) if typed != text else None
+    if task in ("passage", "keep-names"):
+        named = NAMED.search(text)
+        if named is None:
+            return None
+        return template.format(text=text, term=f'"{next(group for group in named.groups() if group)}"')
+    return template.format(text=text)
+
+
+def passage_of(prompt: str) -> str:
+    """The passage inside a prompt of the four first task types (its text without the instruction)."""
+    for by_lang in INSTRUCTIONS.values():
+        for template in by_lang.values():
+            head, tail = template.split("{text}")
+            if prompt.startswith(head) and prompt.endswith(tail):
+                return prompt[len(head) : len(prompt) - len(tail)]
+    return prompt.split("\n\n", 1)[-1].removeprefix("```\n").removesuffix("\n```")  # the pool's generic code prompts
+
+
+def build_copy_prompts(by_lang, tokenizer, earlier: list[dict], pool: list[str], seed: int = 20261130) -> list[dict]:
+    """COPY_PROMPTS_PER_TASK copy-heavy prompts per (language, task), split by passage hash, from passages in
+    the prompt's language that no ``earlier`` prompt and no draft-training prompt (``pool``) contains."""
+    rng = random.Random(seed)
+    used = [p["prompt"] for p in earlier]
+    pool_passages = [passage for passage in map(passage_of, pool) if len(passage) > 40]
+    prompts = []
+    for lang in LANGUAGES:
+        pool_lang = [p for p in pool if in_language(p, lang)]
+        for task, kind in COPY_TASK_SOURCES.items():
+            low, high = COPY_TOKEN_RANGE[task]
+            candidates = list(dict.fromkeys(by_lang[lang][kind]))
+            rng.shuffle(candidates)
+            chosen = []
+            for source, text in candidates:
+                if len(chosen) == COPY_PROMPTS_PER_TASK:
+                    break
+                if kind != "code" and not in_language(text, lang):
+                    continue
+                prompt = copy_prompt(task, lang, text)
+                if prompt is None or not low <= len(tokenizer(text)["input_ids"]) <= high:
+                    continue
+                if any(text in other for other in used) or any(text in other for other in pool_lang):
+                    continue
+                if any(passage in prompt for passage in pool_passages):  # the pool keeps no passage a workload prompt quotes
+                    continue
+                used.append(prompt)
+                chosen.append((source, text, prompt))
+            for index, (source, text, prompt) in enumerate(chosen):
+                prompts.append(
+                    {
+                        "id": f"{lang}-{task}-{index:03d}",
+                        "lang": lang,
+                        "task": task,
+                        "split": split_of(text),
+                        "source": source,
+                        "licence": licence_of(source),
+                        "prompt": prompt,
+                        "prompt_tokens": len(chat_ids(tokenizer, prompt)),
+                    }
+                )
+    return prompts
+
+
 def build_corpus(by_lang, prompts: list[dict]) -> list[dict]:
     """Train-split passages of every kind (and train prompts); nothing from val or test."""
     held_out = {p["prompt"] for p in prompts if p["split"] != "train"}
@@ -278,12 +422,20 @@ def main() -> None:
     parser.add_argument("--debs", type=Path, default=cache_root() / "debs", help="where the .deb files are kept")
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "workload" / "prompts.jsonl")
     parser.add_argument("--corpus", type=Path, default=cache_root() / "corpus.jsonl", help="distillation corpus (train split only)")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        default=ROOT / "data" / "workload" / "draft-prompts.jsonl",
+        help="draft-training prompts (scripts/build_draft_pool.py), whose passages copy-heavy prompts avoid",
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
     by_lang = collect_sources(fetch(args.debs))
     prompts = build_prompts(by_lang, tokenizer)
+    pool = [json.loads(line)["prompt"] for line in args.pool.read_text(encoding="utf-8").splitlines()]
+    prompts += build_copy_prompts(by_lang, tokenizer, prompts, pool)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts))
     corpus = build_corpus(by_lang, prompts)

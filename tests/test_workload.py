@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from adaptive.workload import LANGUAGES, SPLITS, TASKS, load_prompts
+from adaptive.workload import COPY_TASKS, LANGUAGES, SPLITS, TASKS, WORKLOAD, load_prompts
 from lab.distill_data import POOL
 
 
@@ -64,3 +64,15 @@ def test_the_draft_training_pool_is_disjoint_from_every_policy_prompt(prompts):
     long_passages = [text for text in held_out_passages if len(text) > 40]
     quoting = [p["id"] for p in pool[::50] if any(text in p["prompt"] for text in long_passages)]
     assert not quoting, quoting[:5]
+
+
+def test_copy_heavy_tasks_cover_every_language_and_split_and_come_after_the_rest(prompts):
+    rows = [json.loads(line) for line in WORKLOAD.read_text(encoding="utf-8").splitlines()]
+    first_copy = next(i for i, row in enumerate(rows) if row["task"] in COPY_TASKS)
+    assert all(row["task"] in COPY_TASKS for row in rows[first_copy:])  # appended: earlier selections stay as they were
+    counts = Counter((p["lang"], p["task"]) for p in prompts if p["task"] in COPY_TASKS)
+    assert all(counts[(lang, task)] >= 30 for lang in LANGUAGES for task in COPY_TASKS), counts
+    held_out = Counter((p["lang"], p["split"]) for p in prompts if p["task"] in COPY_TASKS and p["split"] != "train")
+    assert all(held_out[(lang, split)] >= 20 for lang in LANGUAGES for split in ("val", "test")), held_out
+    named = [p for p in prompts if p["task"] == "passage"]
+    assert all(p["prompt"].count(p["prompt"].rsplit('"', 2)[-2]) >= 2 for p in named)  # the term asked about is in the passage
