@@ -16,8 +16,8 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.copy_draft import proposes
-from adaptive.drafts import Draft
+from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
+from adaptive.drafts import Draft, draft_session
 from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from adaptive.sampling import GREEDY, SamplingConfig, check_logits, draft_features, proposal_distribution, sample, sampling_distribution
@@ -38,6 +38,8 @@ class SpeculativeDecoder(Decoder):
         max_depth: hard cap on drafted tokens per round.
         eos_token_id: stop token(s); default from the target's generation config.
         correction: the rule used at a rejection; keep the default (exact residual) except to audit.
+        copy: a :class:`~adaptive.copy_draft.CopyDraft` beside the draft model; the policy's ``source``
+            then picks, each round, the model, the copy drafter, or the copy drafter then the model.
 
     Example:
         >>> decoder = SpeculativeDecoder(target, draft, policy=StaticDepth(4), tokenizer=tok)  # doctest: +SKIP
@@ -56,8 +58,13 @@ class SpeculativeDecoder(Decoder):
         max_depth: int = 16,
         eos_token_id: int | Sequence[int] | None = None,
         correction: CorrectionRule = residual_correction,
+        copy: CopyDraft | None = None,
     ) -> None:
         super().__init__(target, draft, policy, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer, max_depth=max_depth, eos_token_id=eos_token_id)
+        if copy is not None:
+            if isinstance(draft, MODEL_FREE):
+                raise ValueError(f"the draft is already a model-free drafter ({draft.name}); a copy drafter goes beside a draft model")
+            self.copy = draft_session(copy, self.target)
         self.sampling = sampling
         self.correction = correction
         self.generator = torch.Generator(device=target.device)
@@ -80,6 +87,34 @@ class ChainGeneration(Generation):
         super()._begin_round()
         self._drafted = _DraftedRound()
         self._deferred_logits: list[torch.Tensor] = []
+        self._context_row: torch.Tensor | None = None
+        """The last row of a draft session that read the context before the round drafted (choose_source)."""
+        self._copy_done = False
+        """copy+model rounds: the copy drafter ran out of proposals; the model drafts on."""
+
+    def _read_context(self, draft) -> None:
+        t0 = self.decoder.clock()
+        self._context_row = draft.forward(self.tokens[draft.length :])[-1]
+        seconds = self.decoder.clock() - t0
+        self._drafted.draft_time += seconds
+        self._drafted.forward_time += seconds
+
+    def _drafting(self):
+        """The session that drafts the next step under this round's source."""
+        decoder = self.decoder
+        if self.source == "model" or (self.source == "copy+model" and self._copy_done):
+            return decoder.draft
+        return decoder.copy
+
+    def _next_row(self, session) -> torch.Tensor:
+        """``session``'s logits after the context and this round's drafted tokens (feeding what it has not read)."""
+        fed = (self.tokens + [step.token for step in self._drafted.steps])[session.length :]
+        if fed:
+            return session.forward(fed)[-1]
+        if self._context_row is None:
+            raise RuntimeError("a draft session holds every token but has no row for the next one")
+        row, self._context_row = self._context_row, None
+        return row
 
     @property
     def depth(self) -> int:
@@ -95,10 +130,13 @@ class ChainGeneration(Generation):
         (the copy drafter without a match) ends the round's drafting: None, and the cap drops to the depth."""
         if self.depth >= self.max_depth:
             raise ValueError(f"this round is already {self.depth} tokens deep, its cap (max_depth or token budget)")
-        clock, drafted, draft = self.decoder.clock, self._drafted, self.decoder.draft
+        clock, drafted, draft = self.decoder.clock, self._drafted, self._drafting()
         t0 = clock()
         steps = drafted.steps
-        logits = draft.forward(self.tokens[draft.length :] if not steps else [steps[-1].token])[-1]
+        logits = self._next_row(draft)
+        if draft.deterministic and not proposes(logits) and self.source == "copy+model":
+            self._copy_done, draft = True, self.decoder.draft
+            logits = self._next_row(draft)
         drafted.forward_time += clock() - t0
         if draft.deterministic and not proposes(logits):
             self.max_depth = self.depth
@@ -160,7 +198,8 @@ class ChainGeneration(Generation):
             verdict = verify_block(p, q, drafted_ids, decoder.generator, decoder.correction)
         emitted = self.output.emit(draft_ids[: verdict.accepted] + [verdict.next_token])
         decoder.target.rollback(context_length + verdict.accepted)
-        decoder.draft.rollback(min(decoder.draft.length, context_length + verdict.accepted))
+        for draft in decoder.drafts:
+            draft.rollback(min(draft.length, context_length + verdict.accepted))
         tokens.extend(emitted)
         self.recent.append(verdict.accepted)
         stats = RoundStats(
@@ -175,6 +214,7 @@ class ChainGeneration(Generation):
             policy_time=policy_time,
             forward_time=drafted.forward_time + target_forward,
             steps=tuple(steps),
+            source=self.source,
         )
         self._begin_round()
         return stats

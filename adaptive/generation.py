@@ -22,10 +22,10 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.copy_draft import MODEL_FREE
+from adaptive.copy_draft import MODEL_FREE, CopySession
 from adaptive.drafts import Draft, draft_session, target_taps
 from adaptive.pair import check_compatible
-from adaptive.policy import RECENT_ROUNDS, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
+from adaptive.policy import RECENT_ROUNDS, SOURCES, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
 
 
 class Clock:
@@ -147,7 +147,7 @@ class Generation(ABC):
         self.output = output
         self.tokens = list(prompt_ids)
         self.recent: list[int] = []
-        for model in (decoder.target, decoder.draft):
+        for model in (decoder.target, *decoder.drafts):
             model.reset()
             if len(self.tokens) > 1:  # every model caches all confirmed tokens but the last
                 model.forward(self.tokens[:-1])
@@ -155,9 +155,38 @@ class Generation(ABC):
         self._begin_round()
 
     def _begin_round(self) -> None:
-        self.decoder.draft.begin_round()
-        ready = self.decoder.draft.can_draft(len(self.tokens))
-        self.max_depth = depth_cap(self.decoder.max_depth, self.output.remaining) if ready else 0
+        for draft in self.decoder.drafts:
+            draft.begin_round()
+        self.source, self.copy_match = "model", 0
+        self.max_depth = self._cap(self.decoder.draft)
+
+    def _cap(self, *drafts) -> int:
+        """The round's depth cap when ``drafts`` draft it (0 when none of them can draft yet)."""
+        ready = any(draft.can_draft(len(self.tokens)) for draft in drafts)
+        return depth_cap(self.decoder.max_depth, self.output.remaining) if ready else 0
+
+    def choose_source(self, policy: DraftPolicy) -> float:
+        """Before drafting, when the decoder has a copy drafter beside the draft model: let the policy pick
+        what drafts this round, having shown it the copy drafter's match length here. Returns the seconds the
+        policy took."""
+        copy = self.decoder.copy
+        if copy is None:
+            return 0.0
+        self._read_context(copy)
+        self.copy_match = copy.match_lengths[-1]
+        t0 = self.decoder.clock()
+        source = policy.source(self.state())
+        seconds = self.decoder.clock() - t0
+        if source not in SOURCES:
+            raise ValueError(f"policy {policy.name!r} chose the source {source!r}; allowed: {', '.join(SOURCES)}")
+        self.source = source
+        self.max_depth = self._cap(*{"model": (self.decoder.draft,), "copy": (copy,), "copy+model": (copy, self.decoder.draft)}[source])
+        return seconds
+
+    def _read_context(self, draft) -> None:
+        """Bring a draft session up to the confirmed tokens before the round drafts (chain rounds keep its
+        last row for the first step)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts with its draft model only")
 
     @property
     def done(self) -> bool:
@@ -175,7 +204,7 @@ class Generation(ABC):
 
     def state(self) -> DraftState:
         """What a policy knows now."""
-        return DraftState(len(self.tokens), self.steps(), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]))
+        return DraftState(len(self.tokens), self.steps(), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]), self.copy_match, self.source)
 
     @abstractmethod
     def draft_step(self, features: bool = True) -> DraftStep | None:
@@ -229,11 +258,18 @@ class Decoder(ABC):
             raise TypeError(f"policy must implement DraftPolicy (should_continue, verify_size, ...), got {policy!r}")
         self.target = CachedModel(target, taps=target_taps(draft))
         self.draft = draft_session(draft, self.target)
+        self.copy: CopySession | None = None
+        """A copy drafter beside the draft model (:class:`~adaptive.decoder.SpeculativeDecoder` only)."""
         self.policy = policy
         self.tokenizer = tokenizer
         self.max_depth = max_depth
         self.eos = eos_token_ids(target, eos_token_id)
         self.clock = Clock(target.device)
+
+    @property
+    def drafts(self) -> tuple:
+        """Every draft session: the draft's, and the copy drafter's when there is one."""
+        return (self.draft,) if self.copy is None else (self.draft, self.copy)
 
     @abstractmethod
     def _begin(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> Generation:
@@ -270,7 +306,7 @@ class Decoder(ABC):
         generation = self._begin(prompt_ids, output, seed)
         per_step = getattr(policy, "reads_step_features", True)
         while not generation.done:
-            policy_time = 0.0
+            policy_time = generation.choose_source(policy)
             while generation.depth < generation.max_depth:
                 generation.draft_step(features=per_step)
                 state = generation.state()

@@ -16,6 +16,11 @@ RECENT_ROUNDS = 8
 """How many recent accepted lengths a policy sees in :class:`DraftState`."""
 
 
+SOURCES = ("model", "copy", "copy+model")
+"""What drafts a round when the decoder also has a copy drafter: the draft model, the copy drafter, or the
+copy drafter while it has proposals and the draft model after it."""
+
+
 def depth_cap(max_depth: int, remaining: int) -> int:
     """A round's depth cap: the decoder's ``max_depth``, or fewer near the end of the token budget (a round
     emits at most its depth + 1 tokens, so drafting past ``remaining - 1`` is wasted)."""
@@ -54,6 +59,11 @@ class DraftState:
     """Hard cap on the depth of this round (decoder limit or remaining token budget)."""
     recent_accepted: tuple[int, ...] = ()
     """Accepted lengths of the most recent rounds, oldest first."""
+    copy_match: int = 0
+    """With a copy drafter beside the draft model: the length of the context suffix its first proposal would
+    copy from (0: no match, or no copy drafter)."""
+    source: str = "model"
+    """What drafts this round (:data:`SOURCES`)."""
 
     @property
     def depth(self) -> int:
@@ -81,6 +91,8 @@ class RoundStats:
     policy_time: float
     forward_time: float
     steps: tuple[DraftStep, ...] = field(default=())
+    source: str = "model"
+    """What drafted the round (:data:`SOURCES`)."""
 
     @property
     def total_time(self) -> float:
@@ -105,6 +117,10 @@ class DraftPolicy(Protocol):
     def reset(self) -> None:
         """Forget per-generation state; called before each generation."""
 
+    def source(self, state: DraftState) -> str:
+        """Before drafting, when the decoder has a copy drafter beside the draft model: what drafts this
+        round (one of :data:`SOURCES`)."""
+
     def should_continue(self, state: DraftState) -> bool:
         """After a draft step: draft another token?"""
 
@@ -123,6 +139,10 @@ class BasePolicy:
 
     def reset(self) -> None:
         """No per-generation state."""
+
+    def source(self, state: DraftState) -> str:
+        """Draft with the draft model."""
+        return "model"
 
     def should_continue(self, state: DraftState) -> bool:
         raise NotImplementedError

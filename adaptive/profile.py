@@ -37,6 +37,8 @@ class CostProfile:
     """g[γ]: verification cost of γ drafted tokens (γ + 1 forwarded) relative to one target step."""
     target_step_ms: float
     hardware: dict
+    copy_ms: tuple[float, ...] | None = None
+    """Median copy-drafter step time per context (profiles measured before it existed have none)."""
     document: dict = field(default_factory=dict, repr=False, compare=False)
     """The JSON document this profile was read from or measured as (empty for one built in code)."""
 
@@ -56,6 +58,7 @@ class CostProfile:
             g=tuple(float(document["g"][str(gamma)]) for gamma in range(len(document["g"]))),
             target_step_ms=float(document["target_step_ms"]),
             hardware=dict(document["hardware"]),
+            copy_ms=tuple(document["copy_step"][str(c)]["median_ms"] for c in contexts) if "copy_step" in document else None,
             document=document,
         )
 
@@ -122,6 +125,12 @@ class CostProfile:
     def draft_seconds(self, context: int) -> float:
         """One draft step at this context length."""
         return self._interpolate(self.draft_ms, context) / 1e3
+
+    def copy_seconds(self, context: int) -> float:
+        """One copy-drafter step at this context length."""
+        if self.copy_ms is None:
+            raise ValueError("this profile has no copy-drafter step time (measured before it existed); measure a new one (--profile auto)")
+        return self._interpolate(self.copy_ms, context) / 1e3
 
     def verify_seconds(self, context: int, drafted: int) -> float:
         """One target forward verifying ``drafted`` tokens (``drafted + 1`` fed) at this context length."""

@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from adaptive.cached_model import CachedModel
+from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.generation import Clock
 from adaptive.profile import CostProfile, summarise
@@ -116,7 +117,7 @@ def profile_pair(
         "verify_mask": "tree" if tree_mask else "causal",
         "order": "interleaved",
     }
-    result["draft_step"], result["verify"] = {}, {}
+    result["draft_step"], result["verify"], result["copy_step"] = {}, {}, {}
     with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:
             context = torch.randint(0, vocab, (ctx,), generator=generator).tolist()
@@ -124,7 +125,10 @@ def profile_pair(
             target_cache.reset()
             target_cache.forward(context)
             draft_cache = _draft_after(target, draft, context)
+            copy_session = draft_session(CopyDraft(), target_cache)
+            copy_session.forward(context)
             points = [(draft_cache, new[:1], False)] + [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)]
+            points.append((copy_session, new[:1], False))
             times: list[list[float]] = [[] for _ in points]
             for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
                 for index, (model, tokens, masked) in enumerate(points):
@@ -133,6 +137,7 @@ def profile_pair(
                         times[index].append(seconds)
                 progress.update()
             result["draft_step"][str(ctx)] = _summary(times[0])
+            result["copy_step"][str(ctx)] = _summary(times[-1])
             result["verify"][str(ctx)] = {str(n): _summary(times[n]) for n in range(1, max_verify + 1)}
     summarise(result)
     result["hardware"] = hardware_description(target.device)

@@ -26,18 +26,19 @@ for every chain policy that verifies what it drafts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel
-from adaptive.copy_draft import MODEL_FREE
+from adaptive.cached_model import CachedModel, output_vocab_size
+from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft, HeadSession, draft_session, target_taps, teacher_forced
 from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
-from adaptive.traces import TraceSet
+from adaptive.traces import CopyTrace, TraceSet
 from adaptive.tree import attention_mask
 from adaptive.verification import acceptance_probabilities, residual_correction
 
@@ -146,6 +147,30 @@ def _rollouts(
     return out, torch.stack(drafted, 1) if drafted else empty.long(), torch.stack(probs, 1) if probs else empty
 
 
+def copy_trace(copy: CopyDraft, vocab_size: int, prompt: list[int], output: list[int], depth: int) -> CopyTrace:
+    """The copy drafter's chain at every position t of ``output`` (context: prompt + output[:t]), up to
+    ``depth`` steps or until it has nothing to propose. Its proposals depend on the tokens alone, so one
+    session reads the output once and drafts each chain on top, rolled back after."""
+    n = len(output)
+    trace = CopyTrace(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, depth, 3), np.float32), np.zeros((n, depth), np.int64))
+    session = copy.session(vocab_size, torch.device("cpu"))
+    row = session.forward(prompt)[-1]
+    for t in range(n):
+        context, proposals = session.length, []
+        while proposes(row) and len(proposals) < depth:
+            token, *features = draft_features(row[None])[0]
+            trace.features[t, len(proposals)] = features
+            trace.lengths[t, len(proposals)] = session.match_lengths[-1]
+            proposals.append(token)
+            row = session.forward([token])[-1]
+        trace.available[t] = len(proposals)
+        truth = output[t : t + len(proposals)]
+        trace.match[t] = next((j for j, (a, b) in enumerate(zip(proposals, truth)) if a != b), min(len(proposals), len(truth)))
+        session.rollback(context)
+        row = session.forward([output[t]])[-1]
+    return trace
+
+
 @torch.inference_mode()
 def sampled_trace(
     target: PreTrainedModel,
@@ -198,13 +223,15 @@ def record(
     given_outputs: dict[str, list[int]] | None = None,
     progress=None,
     seed: int = 0,
+    copy: CopyDraft | None = None,
 ) -> TraceSet:
     """Traces of ``prompts`` (workload rows with ``id`` and ``lang``) whose token ids are ``prompt_ids``.
 
     Greedy decoders record match lengths (exact replay); sampling decoders record :func:`sampled_trace`
     along one sampled output per entry of ``prompts`` (give a prompt several times for several samples),
-    entry i drawn with ``seed`` + i."""
-    outputs, matches, features, accepts, rejects = [], [], [], [], []
+    entry i drawn with ``seed`` + i. With ``copy``, the copy drafter's chains along the same outputs too
+    (:func:`copy_trace`)."""
+    outputs, matches, features, accepts, rejects, copies = [], [], [], [], [], []
     repaired = 0
     sampling = decoder.sampling
     for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
@@ -220,6 +247,8 @@ def record(
             m = np.zeros(len(y), dtype=np.int64)
             accepts.append(a)
             rejects.append(r)
+        if copy is not None:
+            copies.append(copy_trace(copy, output_vocab_size(decoder.target.model), ids, y, depth))
         outputs.append(np.array(y, dtype=np.int32))
         matches.append(m)
         features.append(f)
@@ -236,8 +265,10 @@ def record(
         features=np.concatenate(features),
         accept_prob=np.concatenate(accepts) if accepts else None,
         reject_features=np.concatenate(rejects) if rejects else None,
+        copy=CopyTrace(*(np.concatenate([getattr(c, name) for c in copies]) for name in CopyTrace.ARRAYS)) if copies else None,
         metadata={
             **metadata,
+            **({"copy_draft": asdict(copy)} if copy is not None else {}),
             "max_new_tokens": max_new_tokens,
             "depth": depth,
             "sampling": sampling.describe(),

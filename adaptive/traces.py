@@ -13,6 +13,9 @@ tokens it never emits; the replay does not count those (emitted tokens are ident
 Storage: one compressed ``.npz`` (no pickles) holding the arrays of all prompts back to back, with
 ``offsets`` marking where each prompt's positions start, and a JSON ``metadata`` string.
 
+Traces may also hold the copy drafter's chain at every position (:class:`CopyTrace`), so a replayed round
+can draft with either drafter or with the copy drafter then the model.
+
 Sampled traces (T > 0, see :mod:`adaptive.recorder`) hold, along outputs sampled from the target, each
 position's acceptance probability given the output and the features of accepting and of rejecting there,
 instead of match lengths; replay draws acceptances from them, exact in distribution (format 2; sampled
@@ -65,6 +68,25 @@ def read_npz(data, path: str | Path, file_format: str | tuple[str, ...]) -> tupl
 
 
 @dataclass
+class CopyTrace:
+    """The copy drafter's chain at every position of the outputs, next to the model draft's: its proposals
+    depend on the tokens alone and are deterministic, so along any output (greedy or sampled) a proposal is
+    accepted exactly when it is the output's token."""
+
+    match: np.ndarray
+    """[N] int: how many of its proposals at t equal the output from t (at most ``available``)."""
+    available: np.ndarray
+    """[N] int: how many steps it proposes at t before running out of matches (at most K); a round drafting
+    with it stops there."""
+    features: np.ndarray
+    """[N, K, 3] float: (top-1, entropy, log-probability) of its continuation frequencies at each step (0 past ``available``)."""
+    lengths: np.ndarray
+    """[N, K] int: the match length behind each step (0 past ``available``)."""
+
+    ARRAYS = ("match", "available", "features", "lengths")
+
+
+@dataclass
 class TraceSet:
     """Traces of many prompts for one pair, sampling setting and K."""
 
@@ -86,6 +108,9 @@ class TraceSet:
     reject_features: np.ndarray | None = None
     """[N, K, 3] float16, sampled traces only: features of a round whose first step is rejected at t (a proposal
     from norm(max(q_t − p_t, 0)), then the draft's continuation after it)."""
+    copy: CopyTrace | None = None
+    """The copy drafter's chains along the same outputs (recorded with ``--copy``); ``metadata["copy_draft"]``
+    holds its settings."""
     metadata: dict = field(default_factory=dict)
 
     @property
@@ -115,6 +140,14 @@ class TraceSet:
         if self.accept_prob is not None:
             arrays["accept_prob"] = self.accept_prob.astype(np.float32)
             arrays["reject_features"] = self.reject_features.astype(np.float16)
+        if self.copy is not None:
+            copy = self.copy
+            arrays.update(
+                copy_match=copy.match.astype(np.int16),
+                copy_available=copy.available.astype(np.int16),
+                copy_features=copy.features.astype(np.float16),
+                copy_lengths=copy.lengths.astype(np.int16),
+            )
         write_npz(path, self, arrays, TRACE_FORMAT)
 
     @classmethod
@@ -134,5 +167,8 @@ class TraceSet:
                 features=data["features"].astype(np.float32),
                 accept_prob=data["accept_prob"].astype(np.float32) if sampled else None,
                 reject_features=data["reject_features"].astype(np.float32) if sampled else None,
+                copy=CopyTrace(*(data[f"copy_{name}"].astype(np.float32 if name == "features" else np.int64) for name in CopyTrace.ARRAYS))
+                if "copy_match" in data.files
+                else None,
                 metadata=metadata,
             )

@@ -37,6 +37,9 @@ class Backend(ABC):
     """How many distinct generations :meth:`start_prompt` can begin."""
     tree: bool = False
     """True when rounds grow draft trees (sizes count nodes, drafts count levels)."""
+    sources: tuple[str, ...] = ("model",)
+    """What may draft a round (:data:`~adaptive.policy.SOURCES`): more than the model where a copy drafter
+    is recorded beside it."""
 
     def start(self, rng: np.random.Generator) -> None:
         """Begin a new generation, its prompt chosen with ``rng``."""
@@ -66,9 +69,20 @@ class Backend(ABC):
     def recent(self) -> Sequence[int]:
         """Accepted lengths of this generation's rounds so far, oldest first."""
 
+    @property
+    def copy_match(self) -> int:
+        """The copy drafter's match length at the current position (0 without a copy drafter)."""
+        return 0
+
+    def choose_source(self, source: str) -> None:
+        """Before the round's first draft step: what drafts it (one of :attr:`sources`)."""
+        if source not in self.sources:
+            raise ValueError(f"this backend drafts with {', '.join(self.sources)}; got the source {source!r}")
+
     @abstractmethod
-    def draft(self) -> tuple[float, float, float]:
-        """Draft one token; return its step's (top-1 probability, entropy in nats, log-probability)."""
+    def draft(self) -> tuple[float, float, float, int] | None:
+        """Draft one token; return its step's (top-1 probability, entropy in nats, log-probability, copy match
+        length), or None when the round's drafter has nothing to propose (its cap then drops to the depth)."""
 
     @abstractmethod
     def verify(self, size: int) -> Cycle:

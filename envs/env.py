@@ -86,6 +86,7 @@ class SpecDecodeEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-BOUND, BOUND, (self.schema.size,), np.float32)
         self.action_space = gym.spaces.Discrete(2 if decision == "depth" else backend.max_size)
         self._steps: list[DraftStep] = []
+        self._source = "model"
         self._decisions = 0
         self._reward = 0.0
         self._info: dict[str, Any] = {"cycles": 0}
@@ -153,7 +154,7 @@ class SpecDecodeEnv(gym.Env):
     def draft_state(self) -> DraftState:
         """The decision-time state as the decoder would show it to a :class:`DraftPolicy`."""
         backend = self.backend
-        return DraftState(backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-RECENT:]))
+        return DraftState(backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-RECENT:]), backend.copy_match, self._source)
 
     # --- internals -------------------------------------------------------------------------------------
 
@@ -161,9 +162,13 @@ class SpecDecodeEnv(gym.Env):
         return self._builder.build(len(self._steps), self.backend.cap, self.backend.context_length)
 
     def _draft(self) -> None:
-        top1, entropy, log_prob = self.backend.draft()
+        """One draft step (none when the round's drafter has nothing more to propose: its cap drops)."""
+        drafted = self.backend.draft()
+        if drafted is None:
+            return
+        top1, entropy, log_prob, match = drafted
         cumulative = (self._steps[-1].cumulative_log_prob if self._steps else 0.0) + log_prob
-        self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative))
+        self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative, match))
         self._builder.add_step(len(self._steps), top1, entropy, cumulative)
 
     def _begin_round(self) -> None:
@@ -176,7 +181,11 @@ class SpecDecodeEnv(gym.Env):
             if backend.cap == 0:  # one token left in the budget: a plain target step
                 self._finish_round(0)
                 continue
+            self._choose_source()
             self._draft()
+            if not self._steps:  # the round's drafter had nothing to propose: a plain target step
+                self._finish_round(0)
+                continue
             if self.decision == "depth":
                 if len(self._steps) < backend.cap:
                     return
@@ -187,6 +196,16 @@ class SpecDecodeEnv(gym.Env):
             if backend.verifiable(len(self._steps)) > 1:
                 return
             self._finish_round(1)
+
+    def _choose_source(self) -> None:
+        """Where a copy drafter is recorded beside the model: the partner picks what drafts the round (the
+        model without a partner)."""
+        self._source = "model"
+        if len(self.backend.sources) > 1:
+            if self.partner is not None:
+                self._decisions += 1
+                self._source = self.partner.source(self.draft_state())
+            self.backend.choose_source(self._source)
 
     def _partner_continues(self) -> bool:
         if self.partner is None:

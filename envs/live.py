@@ -63,11 +63,9 @@ class LiveBackend(Backend):
     def recent(self) -> Sequence[int]:
         return self.generation.recent
 
-    def draft(self) -> tuple[float, float, float]:
+    def draft(self) -> tuple[float, float, float, int] | None:
         step = self.generation.draft_step()
-        if step is None:
-            raise ValueError("the draft had nothing to propose; the live environment drafts with draft models, not the copy drafter")
-        return step.top1_prob, step.entropy, step.log_prob
+        return None if step is None else (step.top1_prob, step.entropy, step.log_prob, step.match_length)
 
     def verify(self, size: int) -> Cycle:
         stats = self.generation.verify(size)

@@ -10,6 +10,13 @@ policy that verifies what it drafts (a size policy verifying fewer is shown unve
 they were verified).
 Its time is d draft steps plus one verification of γ tokens, read from the profile at the round's
 context length. No model runs, so a step costs microseconds.
+
+Greedy traces that hold the copy drafter's chains (:class:`~adaptive.traces.CopyTrace`) replay rounds
+drafted by it too (``choose_source``): a copy round drafts while the chain at t has proposals and accepts
+as many as match; a copy+model round goes on with the model's chain at t + a after the copy drafter's a
+proposals, which is the model's own round there when all a matched (exact for drafts that read only
+tokens; a head would draft those steps from its own states). A copy+model round whose copied tokens reach
+the output's end drafts no model steps (the live decoder would draft past the EOS: only its draft time differs).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from adaptive.policy import depth_cap, verifiable
+from adaptive.policy import SOURCES, depth_cap, verifiable
 from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
 from envs.backend import Backend, Cycle
@@ -65,24 +72,28 @@ class TraceReplay(Backend):
     def recent(self) -> Sequence[int]:
         return self._recent
 
-    def draft(self) -> tuple[float, float, float]:
+    def draft(self) -> tuple[float, float, float, int] | None:
         if self._depth >= self.cap:
             raise ValueError(f"this round is already {self._depth} {'levels' if self.tree else 'tokens'} deep, its cap")
         top1, entropy, log_prob = self._features[self._start + self._t][self._depth]
         self._depth += 1
-        return top1, entropy, log_prob
+        return top1, entropy, log_prob, 0
 
-    def _end_round(self, size: int, accepted: int) -> Cycle:
-        """Emit the accepted tokens plus one (fewer at the end of the output), time the round, move on."""
+    def _end_round(self, size: int, accepted: int, copy_steps: int = 0, copy_forwards: int = 0) -> Cycle:
+        """Emit the accepted tokens plus one (fewer at the end of the output), time the round (``copy_steps``
+        of its steps were the copy drafter's, which read ``copy_forwards`` tokens), move on."""
         depth = self._depth
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
+        draft_seconds = (depth - copy_steps) * self.profile.draft_seconds(context)
+        if copy_forwards:
+            draft_seconds += copy_forwards * self.profile.copy_seconds(context)
         cycle = Cycle(
             drafted=depth,
             verified=size,
             accepted=accepted,
             emitted=emitted,
-            draft_seconds=depth * self.profile.draft_seconds(context),
+            draft_seconds=draft_seconds,
             verify_seconds=self.profile.verify_seconds(context, size),
         )
         self._t += emitted
@@ -92,9 +103,11 @@ class TraceReplay(Backend):
 
 
 class ReplayBackend(TraceReplay):
-    """Replays :class:`TraceSet` generations; ``max_depth`` defaults to the traces' K."""
+    """Replays :class:`TraceSet` generations; ``max_depth`` defaults to the traces' K. ``copy=False`` replays
+    a decoder without the copy drafter even where the traces hold its chains (no source choice, no cost of
+    reading the context with it)."""
 
-    def __init__(self, traces: TraceSet, profile: CostProfile, max_depth: int | None = None) -> None:
+    def __init__(self, traces: TraceSet, profile: CostProfile, max_depth: int | None = None, copy: bool = True) -> None:
         if len(traces) == 0:
             raise ValueError("the trace set is empty")
         self.max_depth = traces.depth if max_depth is None else max_depth
@@ -109,6 +122,14 @@ class ReplayBackend(TraceReplay):
         self._rejected_at: int | None = None
         """Sampled traces: the step of this round whose proposal was rejected (None: none yet)."""
         self._rng = np.random.default_rng(0)
+        if copy and traces.copy is not None and not traces.sampled:
+            self.sources = SOURCES
+            chains = traces.copy
+            self._copy_match, self._copy_available = chains.match.tolist(), chains.available.tolist()
+            self._copy_features, self._copy_lengths = chains.features.tolist(), chains.lengths.tolist()
+        self._source = "model"
+        self._exhausted = False
+        """The round's drafter ran out of proposals: its cap is its depth."""
 
     def start_prompt(self, index: int, rng: np.random.Generator | None = None) -> None:
         """Begin replaying prompt ``index``; ``rng`` draws the acceptances of sampled traces (default: seeded by ``index``)."""
@@ -123,7 +144,24 @@ class ReplayBackend(TraceReplay):
             raise ValueError("sampled (T > 0) traces have no match lengths: the oracle needs greedy traces")
         return self._match[self._start + self._t]
 
-    def draft(self) -> tuple[float, float, float]:
+    @property
+    def cap(self) -> int:
+        return self._depth if self._exhausted else super().cap
+
+    @property
+    def copy_match(self) -> int:
+        if len(self.sources) == 1:
+            return 0
+        i = self._start + self._t
+        return self._copy_lengths[i][0] if self._copy_available[i] else 0
+
+    def choose_source(self, source: str) -> None:
+        super().choose_source(source)
+        self._source = source
+
+    def draft(self) -> tuple[float, float, float, int] | None:
+        if self._source != "model":
+            return self._draft_with_copy()
         if self._accept is None:
             return super().draft()
         if self._depth >= self.cap:
@@ -133,16 +171,41 @@ class ReplayBackend(TraceReplay):
             self._rejected_at = step
         self._depth += 1
         if self._rejected_at is None:
-            return tuple(self._features[self._start + self._t][step])
-        return tuple(self._rejecting[self._start + self._t + self._rejected_at][step - self._rejected_at])
+            return (*self._features[self._start + self._t][step], 0)
+        return (*self._rejecting[self._start + self._t + self._rejected_at][step - self._rejected_at], 0)
+
+    def _draft_with_copy(self) -> tuple[float, float, float, int] | None:
+        """A step of a copy or copy+model round: the copy drafter's chain at t while it has proposals, then
+        (copy+model) the model's chain at t + a, a the copy drafter's proposals."""
+        if self._depth >= self.cap:
+            raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
+        i, step = self._start + self._t, self._depth
+        available = self._copy_available[i]
+        if step < available:
+            self._depth += 1
+            return (*self._copy_features[i][step], self._copy_lengths[i][step])
+        if self._source == "copy" or self._t + available >= self._length:
+            self._exhausted = True
+            return None
+        self._depth += 1
+        return (*self._features[i + available][step - available], 0)
 
     def verify(self, size: int) -> Cycle:
         depth = self._depth
         if not verifiable(size, depth):
             raise ValueError(f"cannot verify {size} of {depth} drafted tokens")
-        if self._accept is None:
-            accepted = min(size, self._match[self._start + self._t])
+        i = self._start + self._t
+        copy_steps = copy_forwards = 0
+        if len(self.sources) > 1:  # a decoder with a copy drafter reads the context with it every round
+            copy_steps = min(depth, self._copy_available[i]) if self._source != "model" else 0
+            copy_forwards = max(1, copy_steps + (self._exhausted or (self._source == "copy+model" and depth > copy_steps)))
+        if self._source != "model":
+            available, copied = self._copy_available[i], self._copy_match[i]
+            accepted = min(size, copied) if size <= available or copied < available else available + min(size - available, self._match[i + available])
+        elif self._accept is None:
+            accepted = min(size, self._match[i])
         else:
             accepted = size if self._rejected_at is None else min(size, self._rejected_at)
             self._rejected_at = None
-        return self._end_round(size, accepted)
+        self._source, self._exhausted = "model", False
+        return self._end_round(size, accepted, copy_steps, copy_forwards)

@@ -98,13 +98,13 @@ class SyntheticBackend(Backend):
     def recent(self) -> Sequence[int]:
         return self._recent
 
-    def draft(self) -> tuple[float, float, float]:
+    def draft(self) -> tuple[float, float, float, int]:
         if self._depth >= self.cap:
             raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
         self._depth += 1
         top1 = min(0.999, max(0.001, self.alpha + self.feature_noise * self._rng.standard_normal()))
         entropy = -(top1 * math.log(top1) + (1 - top1) * math.log(1 - top1))
-        return top1, entropy, math.log(top1)
+        return top1, entropy, math.log(top1), 0
 
     def verify(self, size: int) -> Cycle:
         if not verifiable(size, self._depth):

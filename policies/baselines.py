@@ -8,19 +8,25 @@ import math
 import random
 
 from adaptive.costmodel import GCurve, optimal_gamma, verification_cost
-from adaptive.policy import BasePolicy, DraftState, RoundStats
+from adaptive.policy import SOURCES, BasePolicy, DraftState, RoundStats
 
 
 class StaticDepth(BasePolicy):
-    """Always draft ``gamma`` tokens (the classic fixed γ)."""
+    """Always draft ``gamma`` tokens (the classic fixed γ), drafted by ``source`` when the decoder also has a
+    copy drafter (:data:`~adaptive.policy.SOURCES`; a copy drafter may run out of proposals sooner)."""
 
     reads_step_features = False
 
-    def __init__(self, gamma: int) -> None:
+    def __init__(self, gamma: int, source: str = "model") -> None:
         if gamma < 1:
             raise ValueError(f"static depth must be >= 1, got {gamma}")
-        self.gamma = gamma
-        self.name = f"static:{gamma}"
+        if source not in SOURCES:
+            raise ValueError(f"unknown source {source!r}; allowed: {', '.join(SOURCES)}")
+        self.gamma, self.drafter = gamma, source
+        self.name = f"static:{gamma}" if source == "model" else f"static:{gamma}:{source}"
+
+    def source(self, state: DraftState) -> str:
+        return self.drafter
 
     def should_continue(self, state: DraftState) -> bool:
         return state.depth < self.gamma
@@ -82,13 +88,16 @@ class SuffixRule(BasePolicy):
     ⌊m · factor + offset⌋ tokens, m the match length the round's first proposal copies from, and stop at a
     token whose estimated probability — the product of the drafter's continuation frequencies this round —
     is below ``min_prob``; that token is left out of the verification unless it is the only one. With a model
-    draft (m = 0) it drafts one token."""
+    draft (m = 0) it drafts one token. Beside a draft model it drafts with the copy drafter."""
 
     def __init__(self, factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1) -> None:
         if factor < 0 or not 0.0 < min_prob <= 1.0:
             raise ValueError(f"SuffixDecoding's rule needs factor >= 0 and min_prob in (0, 1], got factor={factor}, min_prob={min_prob}")
         self.factor, self.offset, self.min_log_prob = factor, offset, math.log(min_prob)
         self.name = "suffix" if (factor, offset, min_prob) == (1.0, 0.0, 0.1) else f"suffix:{factor:g}"
+
+    def source(self, state: DraftState) -> str:
+        return "copy"
 
     def should_continue(self, state: DraftState) -> bool:
         limit = math.floor(state.steps[0].match_length * self.factor + self.offset)

@@ -10,7 +10,10 @@ from adaptive.policy import DraftPolicy
 from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth, SuffixRule
 
 POLICY_SPECS: dict[str, tuple[Callable[[str | None], DraftPolicy], str]] = {
-    "static": (lambda arg: StaticDepth(_required_int(arg, "static")), "static:G — always draft G tokens"),
+    "static": (
+        lambda arg: StaticDepth(_required_int(arg.partition(":")[0] if arg else arg, "static"), (arg or "").partition(":")[2] or "model"),
+        "static:G[:SOURCE] — always draft G tokens (SOURCE, beside a copy drafter: model, copy or copy+model)",
+    ),
     "heuristic": (
         lambda arg: HeuristicSchedule(int(arg) if arg else 5),
         "heuristic[:G0] — transformers' +2/-1 schedule starting at G0 (default 5)",

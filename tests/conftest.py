@@ -64,11 +64,12 @@ def far_draft() -> LlamaForCausalLM:
 
 
 def flat_profile(c: float = 0.1):
-    """A cost profile for tiny models: target step 10 ms, +1 ms per extra verified token, draft step 10·c ms."""
+    """A cost profile for tiny models: target step 10 ms, +1 ms per extra verified token, draft step 10·c ms,
+    copy-drafter step 0.05 ms."""
     from adaptive.profile import CostProfile
 
     verify = tuple(10.0 + n for n in range(33))
-    return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {})
+    return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {}, copy_ms=(0.05,))
 
 
 SUBSET = [0, 2, 3, 5, 7, 8, 11, 13, 14]

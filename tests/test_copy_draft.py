@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
@@ -214,3 +215,80 @@ def test_suffix_rule_with_the_copy_drafter_is_greedy_identical(target):
     assert result.token_ids == generate_plain(target, prompt, 40).token_ids
     first = result.rounds[0]
     assert first.drafted == 3  # "15 0 9" matched: at most 3 tokens
+
+
+@pytest.mark.parametrize("source", ["model", "copy", "copy+model"])
+@pytest.mark.parametrize("draft_name", ["near_draft", "far_draft"])
+def test_a_copy_drafter_beside_the_model_keeps_greedy_output_identical(source, draft_name, target, request):
+    decoder = SpeculativeDecoder(target, request.getfixturevalue(draft_name), StaticDepth(5, source), copy=CopyDraft())
+    for prompt in ([5], [1, 2, 3], [15, 0, 9, 4, 2, 11, 15, 0, 9]):
+        for length in (1, 7, 40):
+            result = decoder.generate(prompt, length)
+            assert result.token_ids == generate_plain(target, prompt, length).token_ids, (prompt, length)
+            assert {r.source for r in result.rounds} <= {source}
+
+
+def test_copy_then_model_rounds_draft_past_the_copy_drafters_proposals(target, near_draft):
+    prompt = [15, 0, 9, 4, 2, 11, 15, 0, 9]
+    copy_only = SpeculativeDecoder(target, near_draft, StaticDepth(8, "copy"), copy=CopyDraft(min_match=3)).generate(prompt, 40)
+    mixed = SpeculativeDecoder(target, near_draft, StaticDepth(8, "copy+model"), copy=CopyDraft(min_match=3)).generate(prompt, 40)
+    assert any(r.drafted < 8 for r in copy_only.rounds[:-2])  # the copy drafter ran out of proposals
+    assert all(r.drafted == min(8, 40 - sum(x.emitted for x in mixed.rounds[:i]) - 1) for i, r in enumerate(mixed.rounds))
+    assert [s.match_length > 0 for s in mixed.rounds[0].steps][:3] == [True, True, True]  # "15 0 9" copied first
+
+
+def test_a_copy_drafter_beside_a_copy_drafter_is_refused(target):
+    with pytest.raises(ValueError, match="already a model-free drafter"):
+        SpeculativeDecoder(target, CopyDraft(), StaticDepth(2), copy=CopyDraft())
+
+
+COPY_PROMPTS = [[15, 0, 9, 4, 2, 11, 15, 0, 9], [1, 2, 3, 1, 2], [7, 7, 7, 7]]
+
+
+@pytest.fixture(scope="module")
+def copy_traces(target, near_draft):
+    from adaptive.recorder import record
+
+    decoder = SpeculativeDecoder(target, near_draft, StaticDepth(1))
+    rows = [{"id": str(i), "lang": "en"} for i in range(len(COPY_PROMPTS))]
+    return record(decoder, rows, COPY_PROMPTS, 40, depth=8, metadata={}, copy=CopyDraft())
+
+
+def test_copy_traces_record_the_copy_drafters_chain_at_every_position(copy_traces):
+    copy = copy_traces.copy
+    assert copy is not None and copy.features.shape == copy_traces.features.shape
+    assert (copy.match <= copy.available).all() and (copy.available <= 8).all()
+    assert copy.available.sum() > 0 and copy.match.sum() > 0
+    step = np.arange(8)[None, :]
+    assert ((copy.lengths > 0) == (step < copy.available[:, None])).all()  # a match length behind every proposal
+
+
+@pytest.mark.parametrize("spec", ["static:3", "static:3:copy", "static:8:copy", "static:4:copy+model", "suffix"])
+def test_replay_of_copy_sources_reproduces_live_rounds(copy_traces, target, near_draft, spec):
+    """Drafted, verified, accepted and emitted tokens of every round equal the live decoder's with the near
+    draft and a copy drafter beside it (the suffix rule decides on the replayed features and match lengths)."""
+    from conftest import flat_profile
+
+    from envs.replay import ReplayBackend
+    from envs.rollout import run_policy
+
+    backend = ReplayBackend(copy_traces, flat_profile(), max_depth=8)
+    assert backend.sources == ("model", "copy", "copy+model")
+    episodes = run_policy(backend, make_policy(spec), list(range(len(COPY_PROMPTS))), decision_seconds=0.0)
+    decoder = SpeculativeDecoder(target, near_draft, make_policy(spec), max_depth=8, copy=CopyDraft())
+    for prompt, episode in zip(COPY_PROMPTS, episodes):
+        live = decoder.generate(prompt, 40).rounds
+        assert [(c.drafted, c.verified, c.accepted, c.emitted) for c in episode.cycles] == [(r.drafted, r.verified, r.accepted, r.emitted) for r in live], (
+            prompt,
+            spec,
+        )
+
+
+def test_copy_traces_survive_a_file_round_trip(copy_traces, tmp_path):
+    from adaptive.traces import TraceSet
+
+    copy_traces.save(tmp_path / "t.npz")
+    loaded = TraceSet.load(tmp_path / "t.npz")
+    assert np.array_equal(loaded.copy.match, copy_traces.copy.match)
+    assert np.array_equal(loaded.copy.lengths, copy_traces.copy.lengths)
+    assert np.allclose(loaded.copy.features, copy_traces.copy.features, atol=1e-2)

@@ -106,16 +106,16 @@ def test_an_eagle3_head_keeps_the_target_distribution_and_naive_resampling_does_
 
 
 COPY_PROMPT = [3, 5, 3]
-"""The copy drafter proposes 5 after it (p = 0.18 at T = 1), then 3 after an accepted 5: two-step chains."""
+"""The copy drafter proposes 5 after it (p = 0.18 at T = 1), then 3 after an accepted 5."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
-def test_the_copy_drafter_keeps_the_target_distribution_and_naive_resampling_does_not(target, correction):
-    """A deterministic proposal (q one-hot), T = 1, static:2: exact with the residual rule; the naive rule,
-    same drafter and decoder, is detected."""
+def test_the_copy_drafter_keeps_the_target_distribution_and_naive_resampling_does_not(target, far_draft, correction):
+    """Rounds drafted by the copy drafter (deterministic: q one-hot) and then the far draft model (sampled),
+    T = 1, static:3 copy+model: exact with the residual rule; the naive rule, same drafters, is detected."""
     sampling = SamplingConfig(1.0)
-    decoder = SpeculativeDecoder(target, CopyDraft(), StaticDepth(2), sampling, correction=correction)
+    decoder = SpeculativeDecoder(target, far_draft, StaticDepth(3, "copy+model"), sampling, correction=correction, copy=CopyDraft())
     exact = exact_two_token_distribution(target, COPY_PROMPT, sampling)
     max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, COPY_PROMPT), exact)
     if correction is residual_correction:
