@@ -204,7 +204,9 @@ class Generation(ABC):
 
     def state(self) -> DraftState:
         """What a policy knows now."""
-        return DraftState(len(self.tokens), self.steps(), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]), self.copy_match, self.source)
+        return DraftState(
+            len(self.tokens), self.steps(), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]), self.copy_match, self.source, len(self.output.tokens)
+        )
 
     @abstractmethod
     def draft_step(self, features: bool = True) -> DraftStep | None:

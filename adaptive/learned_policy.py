@@ -16,14 +16,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from adaptive.observation import ObservationBuilder, ObservationSchema
-from adaptive.policy import BasePolicy, DraftState
+from adaptive.observation import COPY_SCHEMA_VERSION, ObservationBuilder, ObservationSchema
+from adaptive.policy import SOURCES, BasePolicy, DraftState
 
 FORMAT = "adaptive-draft/policy/1"
 WEIGHTS, SIDECAR = "policy.safetensors", "policy.json"
 ACTIONS = {
     "depth": "argmax over 2 logits after each draft step: 0 = stop and verify, 1 = draft another token",
     "size": "argmax over max_depth logits after drafting: a -> verify a + 1 drafted tokens (at most the depth)",
+    "source": "argmax over 3 logits before drafting: a -> SOURCES[a] (model, copy, copy+model) drafts the round",
 }
 
 
@@ -50,21 +51,31 @@ def _forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.n
 
 
 class LearnedPolicy(BasePolicy):
-    """Depth (and optionally verification-size) decisions from exported MLPs.
+    """Depth (and optionally verification-size and source) decisions from exported MLPs.
 
-    The MLPs are torch modules (``depth_net``, ``size_net``); in the decoding loop their weights are
-    applied with NumPy, which costs about 10 µs per decision instead of about 50 µs for a torch call on
-    a 38-float input. Without a size network every drafted token is verified (the chain default)."""
+    The MLPs are torch modules (``depth_net``, ``size_net``, ``source_net``); in the decoding loop their
+    weights are applied with NumPy, which costs about 10 µs per decision instead of about 50 µs for a torch
+    call on a 38-float input. Without a size network every drafted token is verified (the chain default);
+    without a source network the model drafts every round; without a depth network (a partner while only
+    the source policy has been trained) rounds draft to their cap."""
 
     reads_step_features = True
 
-    def __init__(self, depth_net: torch.nn.Sequential, metadata: dict, size_net: torch.nn.Sequential | None = None) -> None:
-        self.depth_net = depth_net.eval()
+    def __init__(
+        self,
+        depth_net: torch.nn.Sequential | None,
+        metadata: dict,
+        size_net: torch.nn.Sequential | None = None,
+        source_net: torch.nn.Sequential | None = None,
+    ) -> None:
+        self.depth_net = None if depth_net is None else depth_net.eval()
         self.size_net = None if size_net is None else size_net.eval()
-        self._depth_layers = _numpy_layers(self.depth_net)
+        self.source_net = None if source_net is None else source_net.eval()
+        self._depth_layers = None if depth_net is None else _numpy_layers(self.depth_net)
         self._size_layers = None if size_net is None else _numpy_layers(self.size_net)
+        self._source_layers = None if source_net is None else _numpy_layers(self.source_net)
         self.metadata = metadata
-        self.schema = ObservationSchema(metadata["schema"]["max_depth"])
+        self.schema = ObservationSchema(metadata["schema"]["max_depth"], copy=metadata["schema"]["version"] == COPY_SCHEMA_VERSION)
         self.schema.check(metadata["schema"])
         self._builder = ObservationBuilder(self.schema, metadata["profile"]["c"], metadata["profile"]["g"])
         self.name = metadata.get("name", "learned")
@@ -72,15 +83,22 @@ class LearnedPolicy(BasePolicy):
     def observation(self, state: DraftState) -> np.ndarray:
         """The observation the environment would have shown in this state."""
         builder = self._builder
-        builder.new_round(state.recent_accepted)
+        builder.new_round(state.recent_accepted, state.source, state.copy_match)
         for depth, step in enumerate(state.steps[: self.schema.max_depth], start=1):
-            builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob)
+            builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length)
         depth = min(state.depth, self.schema.max_depth)
-        return builder.build(depth, min(state.max_depth, self.schema.max_depth), state.context_length)
+        return builder.build(depth, min(state.max_depth, self.schema.max_depth), state.context_length, state.generated)
+
+    def source(self, state: DraftState) -> str:
+        if self._source_layers is None:
+            return "model"
+        return SOURCES[int(_forward(self._source_layers, self.observation(state)).argmax())]
 
     def should_continue(self, state: DraftState) -> bool:
         if state.depth >= self.schema.max_depth:
             return False
+        if self._depth_layers is None:
+            return True
         return bool(_forward(self._depth_layers, self.observation(state)).argmax() == 1)
 
     @property
@@ -98,16 +116,24 @@ class LearnedPolicy(BasePolicy):
         return min(state.depth, int(_forward(self._size_layers, self.observation(state)).argmax()) + 1)
 
 
-def save_policy(folder: str | Path, depth_net: torch.nn.Sequential, metadata: dict, size_net: torch.nn.Sequential | None = None) -> Path:
+def save_policy(
+    folder: str | Path,
+    depth_net: torch.nn.Sequential | None,
+    metadata: dict,
+    size_net: torch.nn.Sequential | None = None,
+    source_net: torch.nn.Sequential | None = None,
+) -> Path:
     """Write ``policy.safetensors`` and ``policy.json`` into ``folder``; returns the sidecar path."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {f"depth.{k}": v.detach().contiguous() for k, v in depth_net.state_dict().items()}
-    if size_net is not None:
-        tensors.update({f"size.{k}": v.detach().contiguous() for k, v in size_net.state_dict().items()})
+    tensors = {}
+    for name, net in (("depth", depth_net), ("size", size_net), ("source", source_net)):
+        if net is not None:
+            tensors.update({f"{name}.{k}": v.detach().contiguous() for k, v in net.state_dict().items()})
     save_file(tensors, folder / WEIGHTS)
     sidecar = {"format": FORMAT, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "actions": ACTIONS, **metadata}
     sidecar["size_layers"] = sidecar.get("size_layers") if size_net is not None else None
+    sidecar["source_layers"] = sidecar.get("source_layers") if source_net is not None else None
     (folder / SIDECAR).write_text(json.dumps(sidecar, indent=1))
     return folder / SIDECAR
 
@@ -133,10 +159,9 @@ def load_policy(path: str | Path, schema: ObservationSchema | None = None, pair:
     if pair is not None and metadata.get("pair") != pair:
         raise ValueError(f"policy {sidecar} was trained for pair {metadata.get('pair')!r}, not {pair!r}")
     tensors = load_file(sidecar.parent / WEIGHTS)
-    depth_net = mlp(metadata["depth_layers"])
-    depth_net.load_state_dict({k.removeprefix("depth."): v for k, v in tensors.items() if k.startswith("depth.")})
-    size_net = None
-    if metadata.get("size_layers"):
-        size_net = mlp(metadata["size_layers"])
-        size_net.load_state_dict({k.removeprefix("size."): v for k, v in tensors.items() if k.startswith("size.")})
-    return LearnedPolicy(depth_net, metadata, size_net)
+    nets = {}
+    for name in ("depth", "size", "source"):
+        if metadata.get(f"{name}_layers"):
+            nets[name] = mlp(metadata[f"{name}_layers"])
+            nets[name].load_state_dict({k.removeprefix(f"{name}."): v for k, v in tensors.items() if k.startswith(f"{name}.")})
+    return LearnedPolicy(nets.get("depth"), metadata, nets.get("size"), nets.get("source"))

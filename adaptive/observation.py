@@ -12,8 +12,16 @@ Fields (version 1), all known at decision time, scaled to roughly [-1, 1]:
 * ``c``: draft step cost relative to a target step; ``g_now`` and ``g_next``: verification cost of
   the current depth and of one more token, relative to a target step (from the cost profile)
 
+Version 2 (``copy=True``: a copy drafter beside the draft model) appends:
+
+* ``source_copy``, ``source_copy_model``: the round's source (both 0: the model)
+* ``copy_match``: the copy drafter's match length where the round starts / 16 (0: no match)
+* ``step_{i}_match``: the match length behind draft step i / 16 (0 for a model's step or a step not drafted)
+* ``generated``: tokens generated so far in this output / 256
+
 A policy stores :meth:`ObservationSchema.describe` with its weights; :meth:`ObservationSchema.check`
-refuses a policy trained on another schema, naming the difference.
+refuses a policy trained on another schema, naming the difference (a version-1 policy keeps loading for
+decoders without a copy drafter).
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ from adaptive.policy import RECENT_ROUNDS
 
 SCHEMA_NAME = "adaptive-draft/observation"
 SCHEMA_VERSION = 1
+COPY_SCHEMA_VERSION = 2
+MATCH_SCALE = 16.0
+GENERATED_SCALE = 256.0
 RECENT = RECENT_ROUNDS
 """Recent accepted lengths in the observation: as many as the decoder shows a policy."""
 CONTEXT_SCALE = 4096.0
@@ -44,23 +55,32 @@ class ObservationSchema:
     """Layout of the observation vector for a given maximum draft depth."""
 
     max_depth: int
+    copy: bool = False
+    """Version 2: the copy drafter's fields too."""
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
 
     @property
+    def version(self) -> int:
+        return COPY_SCHEMA_VERSION if self.copy else SCHEMA_VERSION
+
+    @property
     def names(self) -> list[str]:
         steps = [f"step_{i}_{kind}" for i in range(1, self.max_depth + 1) for kind in ("top1", "entropy", "cum_logprob")]
-        return ["depth", "cap", "context", *steps, *[f"recent_{j}" for j in range(1, RECENT + 1)], "c", "g_now", "g_next"]
+        names = ["depth", "cap", "context", *steps, *[f"recent_{j}" for j in range(1, RECENT + 1)], "c", "g_now", "g_next"]
+        if self.copy:
+            names += ["source_copy", "source_copy_model", "copy_match", *[f"step_{i}_match" for i in range(1, self.max_depth + 1)], "generated"]
+        return names
 
     @property
     def size(self) -> int:
-        return 3 + 3 * self.max_depth + RECENT + 3
+        return 3 + 3 * self.max_depth + RECENT + 3 + (4 + self.max_depth if self.copy else 0)
 
     def describe(self) -> dict:
         """JSON-ready identity of this schema (stored with trained policies)."""
-        return {"name": SCHEMA_NAME, "version": SCHEMA_VERSION, "max_depth": self.max_depth, "size": self.size, "fields": self.names}
+        return {"name": SCHEMA_NAME, "version": self.version, "max_depth": self.max_depth, "size": self.size, "fields": self.names}
 
     def check(self, described: dict) -> None:
         """Raise :class:`SchemaMismatch` unless ``described`` (from a saved policy) is this schema."""
@@ -87,25 +107,37 @@ class ObservationBuilder:
         self.g = list(g) + [g[-1]] * max(0, schema.max_depth + 2 - len(g))
         self._steps = np.zeros(3 * schema.max_depth, dtype=np.float32)
         self._recent = np.zeros(RECENT, dtype=np.float32)
+        self._copy = np.zeros(3 + schema.max_depth if schema.copy else 0, dtype=np.float32)
+        """Version 2: source one-hot, copy match, per-step match lengths."""
 
-    def new_round(self, recent: Sequence[int]) -> None:
-        """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first."""
+    def new_round(self, recent: Sequence[int], source: str = "model", copy_match: int = 0) -> None:
+        """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first; ``source`` and
+        ``copy_match`` (version 2) what drafts the round and the copy drafter's match length where it starts."""
         self._steps[:] = 0.0
         self._recent[:] = 0.0
         last = list(recent[-RECENT:])[::-1]
         self._recent[: len(last)] = np.asarray(last, dtype=np.float32) / self.schema.max_depth
+        if self.schema.copy:
+            self._copy[:] = 0.0
+            self._copy[0], self._copy[1] = source == "copy", source == "copy+model"
+            self._copy[2] = copy_match / MATCH_SCALE
 
-    def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float) -> None:
+    def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float, match_length: int = 0) -> None:
         """Record the features of draft step ``depth`` (1-based)."""
         i = 3 * (depth - 1)
         self._steps[i] = top1
         self._steps[i + 1] = entropy / NATS_SCALE
         self._steps[i + 2] = max(-1.0, cumulative_log_prob / NATS_SCALE)
+        if self.schema.copy:
+            self._copy[2 + depth] = match_length / MATCH_SCALE
 
-    def build(self, depth: int, cap: int, context_length: int) -> np.ndarray:
+    def build(self, depth: int, cap: int, context_length: int, generated: int = 0) -> np.ndarray:
         """The observation vector now, clipped to [-BOUND, BOUND]."""
         k = self.schema.max_depth
         head = (depth / k, cap / k, context_length / CONTEXT_SCALE)
         tail = (self.c, self.g[depth], self.g[depth + 1])
-        vector = np.concatenate((np.asarray(head, dtype=np.float32), self._steps, self._recent, np.asarray(tail, dtype=np.float32)))
+        parts = [np.asarray(head, dtype=np.float32), self._steps, self._recent, np.asarray(tail, dtype=np.float32)]
+        if self.schema.copy:
+            parts += [self._copy, np.asarray([generated / GENERATED_SCALE], dtype=np.float32)]
+        vector = np.concatenate(parts)
         return np.clip(vector, -BOUND, BOUND, out=vector)

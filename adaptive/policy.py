@@ -64,6 +64,8 @@ class DraftState:
     copy from (0: no match, or no copy drafter)."""
     source: str = "model"
     """What drafts this round (:data:`SOURCES`)."""
+    generated: int = 0
+    """Tokens generated so far in this output."""
 
     @property
     def depth(self) -> int:

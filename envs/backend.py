@@ -70,6 +70,11 @@ class Backend(ABC):
         """Accepted lengths of this generation's rounds so far, oldest first."""
 
     @property
+    @abstractmethod
+    def generated(self) -> int:
+        """Tokens generated so far in the current output."""
+
+    @property
     def copy_match(self) -> int:
         """The copy drafter's match length at the current position (0 without a copy drafter)."""
         return 0

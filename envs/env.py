@@ -19,6 +19,11 @@ depth 3 is optimal), so use it for rollouts and evaluation, not for training.
   says when). The depth comes from the frozen ``partner`` (default: draft to the cap). A round that can
   verify only one token is verified without asking. In depth decisions on a tree backend, the size comes
   from the partner only if it sizes trees (a policy trained there); otherwise it is the tree shape's V.
+* ``"source"`` (a backend with a copy drafter beside the model): one action per round, before drafting,
+  ``Discrete(len(backend.sources))``: what drafts the round (:data:`~adaptive.policy.SOURCES`: the model,
+  the copy drafter, the copy drafter then the model). Depth and size come from the ``partner`` (default:
+  draft to the cap, verify everything). In depth and size decisions on such a backend the partner picks
+  the source (default: the model). A round whose drafter has nothing to propose is a plain target step.
 
 **Reward**: the throughput of each draft-and-verify cycle, emitted tokens / (draft + verify + policy
 seconds), expressed in units of plain decoding — multiplied by the profiled seconds of one plain target
@@ -29,7 +34,8 @@ reward exactly the quantity we want and leaves credit assignment inside the roun
 (PPO with γ close to 1). Policy seconds are ``decision_seconds`` per decision taken (a learned MLP's
 cost), not the agent's own Python time.
 
-**Observation**: :mod:`adaptive.observation` (versioned, fixed size for a given ``max_depth``).
+**Observation**: :mod:`adaptive.observation` (versioned, fixed size for a given ``max_depth``; version 2,
+with the copy drafter's signals, on a backend with a copy drafter).
 
 ``info`` after a cycle holds the last cycle's ``drafted``, ``verified``, ``accepted``, ``emitted``,
 ``draft_seconds``, ``verify_seconds``, ``policy_seconds`` and ``throughput`` (tokens/s), ``cycles`` (cycles
@@ -49,7 +55,7 @@ from adaptive.observation import BOUND, RECENT, ObservationBuilder, ObservationS
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from envs.backend import Backend, Cycle
 
-DECISIONS = ("depth", "size")
+DECISIONS = ("depth", "size", "source")
 EPISODES = ("cycle", "generation")
 DEFAULT_DECISION_SECONDS = 1e-4
 """Cost charged per policy decision: a learned 64x64 MLP measured 104 µs per decision inside the decoder
@@ -81,10 +87,12 @@ class SpecDecodeEnv(gym.Env):
         self.decision_seconds = decision_seconds
         self.episode = episode
         self._cycle_over = False
-        self.schema = ObservationSchema(backend.max_depth)
+        if decision == "source" and len(backend.sources) == 1:
+            raise ValueError("source decisions need a backend with a copy drafter beside the model (traces recorded with --copy)")
+        self.schema = ObservationSchema(backend.max_depth, copy=len(backend.sources) > 1)
         self._builder = ObservationBuilder(self.schema, backend.c, backend.g)
         self.observation_space = gym.spaces.Box(-BOUND, BOUND, (self.schema.size,), np.float32)
-        self.action_space = gym.spaces.Discrete(2 if decision == "depth" else backend.max_size)
+        self.action_space = gym.spaces.Discrete({"depth": 2, "size": backend.max_size, "source": len(backend.sources)}[decision])
         self._steps: list[DraftStep] = []
         self._source = "model"
         self._decisions = 0
@@ -135,6 +143,9 @@ class SpecDecodeEnv(gym.Env):
                 if len(self._steps) < self.backend.cap:
                     return self._observation(), 0.0, False, False, self._info
             self._finish_round(self._partner_size())
+        elif self.decision == "source":
+            self._set_source(self.backend.sources[action])
+            self._open_round()
         else:
             size = min(action + 1, self.backend.verifiable(len(self._steps)))
             self._finish_round(size)
@@ -154,12 +165,14 @@ class SpecDecodeEnv(gym.Env):
     def draft_state(self) -> DraftState:
         """The decision-time state as the decoder would show it to a :class:`DraftPolicy`."""
         backend = self.backend
-        return DraftState(backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-RECENT:]), backend.copy_match, self._source)
+        return DraftState(
+            backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-RECENT:]), backend.copy_match, self._source, backend.generated
+        )
 
     # --- internals -------------------------------------------------------------------------------------
 
     def _observation(self) -> np.ndarray:
-        return self._builder.build(len(self._steps), self.backend.cap, self.backend.context_length)
+        return self._builder.build(len(self._steps), self.backend.cap, self.backend.context_length, self.backend.generated)
 
     def _draft(self) -> None:
         """One draft step (none when the round's drafter has nothing more to propose: its cap drops)."""
@@ -169,7 +182,7 @@ class SpecDecodeEnv(gym.Env):
         top1, entropy, log_prob, match = drafted
         cumulative = (self._steps[-1].cumulative_log_prob if self._steps else 0.0) + log_prob
         self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative, match))
-        self._builder.add_step(len(self._steps), top1, entropy, cumulative)
+        self._builder.add_step(len(self._steps), top1, entropy, cumulative, match)
 
     def _begin_round(self) -> None:
         """Start rounds until one needs a decision (or the generation ends)."""
@@ -177,35 +190,52 @@ class SpecDecodeEnv(gym.Env):
         while not backend.done:
             self._steps = []
             self._decisions = 0
-            self._builder.new_round(backend.recent)
+            self._source = "model"
+            self._builder.new_round(backend.recent, "model", backend.copy_match)
             if backend.cap == 0:  # one token left in the budget: a plain target step
                 self._finish_round(0)
                 continue
-            self._choose_source()
-            self._draft()
-            if not self._steps:  # the round's drafter had nothing to propose: a plain target step
-                self._finish_round(0)
-                continue
-            if self.decision == "depth":
-                if len(self._steps) < backend.cap:
-                    return
-                self._finish_round(self._partner_size())
-                continue
-            while len(self._steps) < backend.cap and self._partner_continues():
-                self._draft()
-            if backend.verifiable(len(self._steps)) > 1:
+            if self.decision == "source":
                 return
-            self._finish_round(1)
+            self._set_source(self._partner_source())
+            if self._open_round():
+                return
 
-    def _choose_source(self) -> None:
-        """Where a copy drafter is recorded beside the model: the partner picks what drafts the round (the
-        model without a partner)."""
-        self._source = "model"
+    def _open_round(self) -> bool:
+        """Draft the round once its source is set: its first step, and the rest where the partner decides
+        the depth. True when the round waits for a decision; otherwise it is finished."""
+        backend = self.backend
+        self._draft()
+        if not self._steps:  # the round's drafter had nothing to propose: a plain target step
+            self._finish_round(0)
+            return False
+        if self.decision == "depth":
+            if len(self._steps) < backend.cap:
+                return True
+            self._finish_round(self._partner_size())
+            return False
+        while len(self._steps) < backend.cap and self._partner_continues():
+            self._draft()
+        if self.decision == "source":
+            self._finish_round(self._partner_size())
+            return False
+        if backend.verifiable(len(self._steps)) > 1:
+            return True
+        self._finish_round(1)
+        return False
+
+    def _partner_source(self) -> str:
+        """What the partner has draft the round (the model without a partner or a copy drafter)."""
+        if len(self.backend.sources) == 1 or self.partner is None:
+            return "model"
+        self._decisions += 1
+        return self.partner.source(self.draft_state())
+
+    def _set_source(self, source: str) -> None:
+        self._source = source
         if len(self.backend.sources) > 1:
-            if self.partner is not None:
-                self._decisions += 1
-                self._source = self.partner.source(self.draft_state())
-            self.backend.choose_source(self._source)
+            self.backend.choose_source(source)
+            self._builder.new_round(self.backend.recent, source, self.backend.copy_match)
 
     def _partner_continues(self) -> bool:
         if self.partner is None:

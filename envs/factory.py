@@ -44,14 +44,18 @@ def make_replay_env(
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
+    copy: bool = False,
 ) -> SpecDecodeEnv:
-    """Replay env. ``traces``: a split name of the shipped traces ("train", "val"), a trace file or a TraceSet."""
+    """Replay env. ``traces``: a split name of the shipped traces ("train", "val"), a trace file or a TraceSet;
+    ``copy``: a copy drafter beside the model (the traces must hold its chains)."""
     if not isinstance(traces, TraceSet):
         path = Path(traces)
         traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces)))
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
-    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth), decision, partner, decision_seconds, episode)
+    if copy and traces.copy is None:
+        raise ValueError("these traces hold no copy-drafter chains; record them with `adaptive record --copy`")
+    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth, copy=copy), decision, partner, decision_seconds, episode)
 
 
 def make_tree_replay_env(

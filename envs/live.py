@@ -56,6 +56,10 @@ class LiveBackend(Backend):
         return len(self.generation.tokens)
 
     @property
+    def generated(self) -> int:
+        return len(self.generation.output.tokens)
+
+    @property
     def cap(self) -> int:
         return self.generation.max_depth
 

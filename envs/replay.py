@@ -65,6 +65,10 @@ class TraceReplay(Backend):
         return self._prompt_length + self._t
 
     @property
+    def generated(self) -> int:
+        return self._t
+
+    @property
     def cap(self) -> int:
         return depth_cap(self.max_depth, self._budget - self._t)
 

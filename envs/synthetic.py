@@ -91,6 +91,10 @@ class SyntheticBackend(Backend):
         return self.prompt_length + self._generated
 
     @property
+    def generated(self) -> int:
+        return self._generated
+
+    @property
     def cap(self) -> int:
         return depth_cap(self.max_depth, self.max_new_tokens - self._generated)
 

@@ -50,6 +50,9 @@ class EnvConfig:
     """replay: grow draft trees (tree traces data/traces/PAIR-SPLIT-tree.npz, from adaptive record --tree)"""
     tree_size: int = 8
     """tree: verified nodes V when no size policy decides"""
+    copy: bool = False
+    """replay: the traces hold the copy drafter's chains (adaptive record --copy) and the decoder has it beside
+    the model, so a round may draft with it (the policy picks: model, copy, or copy then model)"""
 
     def validate(self, where: str) -> None:
         _one_of(f"{where}.backend", self.backend, ("replay", "synthetic", "live"))
@@ -70,6 +73,10 @@ class EnvConfig:
         _at_least(f"{where}.tree_size", self.tree_size, 1)
         if self.profile != "auto" and self.backend != "synthetic" and not Path(self.profile).is_file():
             raise ConfigError(f"{where}.profile must be auto or an existing profile file (adaptive profile --out FILE), got {self.profile!r}")
+        if self.copy and (self.backend != "replay" or self.tree):
+            raise ConfigError(
+                f"{where}.copy needs {where}.backend replay with chain traces (recorded with --copy), got {self.backend!r}{' with tree' if self.tree else ''}"
+            )
         if self.tree and self.backend != "replay":
             raise ConfigError(f"{where}.tree needs {where}.backend replay (tree mode is greedy-only and replayed from tree traces), got {self.backend!r}")
 
@@ -119,6 +126,8 @@ class CotrainingConfig:
     """also train a verification-size policy (chains: verifying fewer than drafted rarely pays)"""
     random_depth_first: bool = True
     """the size policy's first phase sees random depths, as in Learning to Draft"""
+    train_source: bool = False
+    """also train a source policy (env.copy: what drafts each round), first in every round"""
 
     def validate(self, where: str) -> None:
         _at_least(f"{where}.rounds", self.rounds, 1)
@@ -147,6 +156,7 @@ class ExperimentConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)
+    source_policy: PPOConfig = field(default_factory=_size_defaults)
     cotraining: CotrainingConfig = field(default_factory=CotrainingConfig)
     checkpoint_every: int = 10_000
     """environment steps between checkpoints (a killed run loses at most this much)"""
@@ -168,6 +178,9 @@ class ExperimentConfig:
         self.env.validate("env")
         self.depth_policy.validate("depth_policy")
         self.size_policy.validate("size_policy")
+        self.source_policy.validate("source_policy")
+        if self.cotraining.train_source and not self.env.copy:
+            raise ConfigError("cotraining.train_source needs env.copy: true (a copy drafter beside the model to choose from)")
         self.cotraining.validate("cotraining")
         self.tracking.validate("tracking")
 

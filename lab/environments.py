@@ -72,7 +72,7 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
         traces = "val" if evaluation and env.traces == "train" else env.traces
         if env.tree:
             return make_tree_replay_env(traces, profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
-        return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds)
+        return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds, copy=env.copy)
     if env.backend == "synthetic":
         return make_synthetic_env(env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds)
     return make_live_env(

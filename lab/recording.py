@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.pair import ModelPair
 from adaptive.profile import CostProfile
@@ -38,9 +39,14 @@ def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) 
     }
 
 
-def select_prompts(split: str, lang: str | None = None, per_language: int | None = None, limit: int | None = None) -> list[dict]:
-    """Workload prompts of a split: optionally one language, the first N per language, the first N overall."""
+def select_prompts(
+    split: str, lang: str | None = None, per_language: int | None = None, limit: int | None = None, tasks: str | tuple[str, ...] | None = None
+) -> list[dict]:
+    """Workload prompts of a split: optionally one language, some task types, the first N per language, the first N overall."""
     prompts = load_prompts(split, lang=lang)
+    if tasks is not None:
+        wanted = (tasks,) if isinstance(tasks, str) else tasks
+        prompts = [p for p in prompts if p["task"] in wanted]
     if per_language:
         prompts = [prompts[k] for k in first_per_language([p["lang"] for p in prompts], per_language)]
     return prompts[:limit]
@@ -60,10 +66,11 @@ def record_chains(
     profile: str | Path | None = None,
     seed: int = 0,
     samples: int = 1,
+    copy: CopyDraft | None = None,
 ) -> TraceSet:
     """Chain traces of ``prompts`` (greedy: exact replay; T > 0: ``samples`` sampled outputs per prompt, each
     with what exact sampled replay needs). ``outputs``: a JSONL of known greedy outputs ``{id, response}`` to
-    reuse (checked, repaired)."""
+    reuse (checked, repaired). ``copy``: the copy drafter's chains too."""
     if depth < 1 or max_new_tokens < 2:
         raise ValueError(f"depth must be >= 1 and max_new_tokens >= 2, got {depth} and {max_new_tokens}")
     if samples < 1 or (samples > 1 and sampling.is_greedy):
@@ -77,7 +84,7 @@ def record_chains(
         metadata["profile"] = {"path": str(profile_path), "hardware": CostProfile.load(profile_path).hardware}
     ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
     with tqdm(total=len(prompts), desc=f"record {split}", unit="prompt") as progress:
-        return record(decoder, prompts, ids, max_new_tokens, depth, metadata, given, progress, seed)
+        return record(decoder, prompts, ids, max_new_tokens, depth, metadata, given, progress, seed, copy)
 
 
 def record_tree_traces(

@@ -72,8 +72,11 @@ class Phase:
 def phases(config: ExperimentConfig) -> list[Phase]:
     """The co-training schedule."""
     plan = []
-    for r in range(config.cotraining.rounds):
-        plan.append(Phase("depth", r, "learned" if config.cotraining.train_size and r > 0 else "none"))
+    cotraining = config.cotraining
+    for r in range(cotraining.rounds):
+        if cotraining.train_source:
+            plan.append(Phase("source", r, "learned" if r > 0 else "none"))
+        plan.append(Phase("depth", r, "learned" if (cotraining.train_size and r > 0) or cotraining.train_source else "none"))
         if config.cotraining.train_size:
             plan.append(Phase("size", r, "random" if r == 0 and config.cotraining.random_depth_first else "learned"))
     return plan
@@ -180,13 +183,14 @@ class TrainingRun:
             profile = {"path": env.profile, "c": self.profile.c, "g": list(self.profile.g), "hardware": self.profile.hardware}
         return {
             "name": f"learned:{self.config.name}",
-            "schema": ObservationSchema(env.max_depth).describe(),
+            "schema": ObservationSchema(env.max_depth, copy=env.copy).describe(),
             "pair": self.config.pair if env.backend != "synthetic" else "synthetic",
             "profile": profile,
             "config_digest": self.config.digest(),
             "tree": self._tree_shape(),
-            "depth_layers": decision_layers["depth"],
+            "depth_layers": decision_layers.get("depth"),
             "size_layers": decision_layers.get("size"),
+            "source_layers": decision_layers.get("source"),
         }
 
     def _tree_shape(self) -> dict | None:
@@ -203,7 +207,7 @@ class TrainingRun:
         nets, layers = {}, {}
         for decision, model in self.models.items():
             nets[decision], layers[decision] = export_sb3(model)
-        return LearnedPolicy(nets["depth"], self.metadata(layers), nets.get("size"))
+        return LearnedPolicy(nets.get("depth"), self.metadata(layers), nets.get("size"), nets.get("source"))
 
     def partner(self, phase: Phase) -> DraftPolicy | None:
         if phase.partner == "none":
@@ -217,7 +221,7 @@ class TrainingRun:
     def run_phases(self, start_phase: int, start_done: int) -> None:
         for index in range(start_phase, len(self.plan)):
             phase = self.plan[index]
-            settings = self.config.depth_policy if phase.decision == "depth" else self.config.size_policy
+            settings = {"depth": self.config.depth_policy, "size": self.config.size_policy, "source": self.config.source_policy}[phase.decision]
             env = make_env(self.config, phase.decision, self.partner(phase), self.profile)
             env.reset(seed=self.config.seed + index)
             if phase.decision in self.models:
@@ -237,7 +241,7 @@ class TrainingRun:
         """Export the final policy, evaluate it against static depths (and the oracle in replay), plot."""
         policy = self.current_policy()
         final = self.folder / "final"
-        save_policy(final, policy.depth_net, policy.metadata, policy.size_net)
+        save_policy(final, policy.depth_net, policy.metadata, policy.size_net, policy.source_net)
         evaluation = evaluate(self.config, policy, self.profile)
         (self.folder / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
         rows = [[k, v["speedup"], v["tokens"], v["seconds"]] for k, v in evaluation.items()]

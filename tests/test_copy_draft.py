@@ -292,3 +292,20 @@ def test_copy_traces_survive_a_file_round_trip(copy_traces, tmp_path):
     assert np.array_equal(loaded.copy.match, copy_traces.copy.match)
     assert np.array_equal(loaded.copy.lengths, copy_traces.copy.lengths)
     assert np.allclose(loaded.copy.features, copy_traces.copy.features, atol=1e-2)
+
+
+def test_source_decisions_pass_the_gymnasium_checker_and_refuse_a_backend_without_a_copy_drafter(copy_traces):
+    from conftest import flat_profile
+    from gymnasium.utils.env_checker import check_env
+
+    from envs.env import SpecDecodeEnv
+    from envs.replay import ReplayBackend
+
+    env = SpecDecodeEnv(ReplayBackend(copy_traces, flat_profile(), max_depth=8), "source", partner=make_policy("static:4"))
+    assert env.action_space.n == 3 and env.schema.version == 2
+    check_env(env, skip_render_check=True)
+    observation, _ = env.reset(seed=0, options={"prompt": 0})
+    _, reward, terminated, _, info = env.step(1)  # the copy drafter drafts the round, up to the partner's 4
+    assert terminated and reward > 0 and 1 <= info["drafted"] <= 4
+    with pytest.raises(ValueError, match="source decisions need"):
+        SpecDecodeEnv(ReplayBackend(copy_traces, flat_profile(), max_depth=8, copy=False), "source")

@@ -196,3 +196,47 @@ def test_the_decoder_policy_agrees_with_the_trained_network(trained):
         obs, _, terminated, _, _ = env.step(expected)
         if terminated:
             obs, _ = env.reset()
+
+
+def profile_document(c: float = 0.1, copy_ms: float = 0.05) -> dict:
+    """A cost-profile document like `adaptive profile` writes: target step 10 ms, +1 ms per extra verified token."""
+    point = lambda ms: {"median_ms": ms, "p25_ms": ms, "p75_ms": ms}  # noqa: E731
+    verify = {str(n): point(10.0 + n - 1) for n in range(1, 34)}
+    return {
+        "contexts": [1], "reference_context": 1, "draft_step": {"1": point(10.0 * c)}, "verify": {"1": verify},
+        "copy_step": {"1": point(copy_ms)}, "c": c, "g": {str(k): (10.0 + k) / 10.0 for k in range(33)},
+        "target_step_ms": 10.0, "hardware": {"machine": "test"},
+    }  # fmt: skip
+
+
+def test_a_source_policy_co_trains_with_the_depth_policy_and_drives_the_decoder(tmp_path, target, near_draft):
+    """Replay of traces holding the copy drafter's chains: a source phase, then a depth phase partnered with it;
+    the exported policy (observation schema 2) picks sources in the live decoder, whose output stays greedy."""
+    from adaptive.copy_draft import CopyDraft
+    from adaptive.recorder import record
+
+    prompts = [[15, 0, 9, 4, 2, 11, 15, 0, 9], [1, 2, 3, 1, 2], [7, 7, 7, 7], [5, 6, 5, 6, 5]]
+    decoder = SpeculativeDecoder(target, near_draft, make_policy("static:1"))
+    traces = record(decoder, [{"id": str(i), "lang": "en"} for i in range(len(prompts))], prompts, 40, 4, {}, copy=CopyDraft())
+    traces.save(tmp_path / "copy.npz")
+    (tmp_path / "profile.json").write_text(json.dumps(profile_document()))
+    config = {
+        "name": "sources",
+        "env": {"traces": str(tmp_path / "copy.npz"), "profile": str(tmp_path / "profile.json"), "max_depth": 4, "copy": True},
+        "depth_policy": {"timesteps": 1024, "n_steps": 512, "batch_size": 128, "n_epochs": 2},
+        "source_policy": {"timesteps": 1024, "n_steps": 512, "batch_size": 128, "n_epochs": 2},
+        "cotraining": {"train_source": True},
+        "eval_episodes": 4,
+        "tracking": {"wandb": "disabled"},
+    }
+    final = train(config_from_dict(config), tmp_path / "run")
+    metrics = (tmp_path / "run" / "metrics.csv").read_text()
+    assert ",source," in metrics and ",depth," in metrics
+    policy = load_policy(final)
+    assert policy.source_net is not None and policy.metadata["schema"]["version"] == 2
+    live = SpeculativeDecoder(target, near_draft, policy, max_depth=4, copy=CopyDraft())
+    for prompt in prompts:
+        result = live.generate(prompt, 30)
+        assert result.token_ids == generate_plain(target, prompt, 30).token_ids
+    with pytest.raises(ConfigError, match="train_source needs env.copy"):
+        config_from_dict({"cotraining": {"train_source": True}})

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import torch
 
+from adaptive.copy_draft import CopyDraft
 from adaptive.models import cache_root
 from adaptive.pair import load_target
 from adaptive.profiling import profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
+from adaptive.workload import COPY_TASKS, TASKS
 from lab.cli.common import add_pair_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import POOL, SHARDS, generate_shards
@@ -62,6 +64,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
     if args.tree and args.temperature > 0:
         raise ValueError("--tree records greedy traces only (tree mode is greedy-only); drop --temperature")
+    if args.copy and (args.tree or args.temperature > 0):
+        raise ValueError("--copy records greedy chain traces (copy replay is greedy, chains only); drop --tree / --temperature")
     pair, name = pair_from_arguments(args), pair_name(args)
     start = time.perf_counter()
     if args.tree:
@@ -88,7 +92,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         )
         return 0
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    prompts = select_prompts(args.split, args.lang, args.per_language, args.limit)
+    prompts = select_prompts(args.split, args.lang, args.per_language, args.limit, COPY_TASKS if args.task == "copy-heavy" else args.task)
     traces = record_chains(
         pair,
         name,
@@ -102,11 +106,14 @@ def cmd_record(args: argparse.Namespace) -> int:
         profile=args.profile,
         seed=args.seed,
         samples=args.samples,
+        copy=CopyDraft() if args.copy else None,
     )
-    suffix = "" if sampling.is_greedy else f"-t{args.temperature:g}"
+    suffix = (f"-{args.task}" if args.task else "") + ("" if sampling.is_greedy else f"-t{args.temperature:g}") + ("-copy" if args.copy else "")
     out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
     traces.save(out)
     summary = f"mean acceptance probability {traces.accept_prob.mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
+    if traces.copy is not None:
+        summary += f", copy drafter: mean match {traces.copy.match.mean():.3f}, proposes at {(traces.copy.available > 0).mean():.0%} of positions"
     print(
         f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, K={args.depth}, {sampling.describe()}, {summary}, "
         f"{traces.metadata['repaired_outputs']} given outputs repaired, {time.perf_counter() - start:.0f} s -> {out} "
@@ -164,6 +171,8 @@ def register(commands) -> None:
     rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
     rec.add_argument("--limit", type=int, help="only the first N prompts")
     rec.add_argument("--per-language", type=int, help="only the first N prompts of each language")
+    rec.add_argument("--task", choices=[*TASKS, "copy-heavy"], help="only this task type (copy-heavy: the four whose answers copy the prompt)")
+    rec.add_argument("--copy", action="store_true", help="also record the copy drafter's chains at every position (chains)")
     rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
     rec.add_argument("--max-new-tokens", type=int, default=128)
     rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")
