@@ -10,8 +10,10 @@ the per-token acceptance α = accepted / (accepted + rejections) (ours), and whe
 plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:mod:`adaptive.divergence`).
 
 Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--repeats 2] [--temperatures 0,0.7] [--dtype auto]
-     [--draft DIR] [--policies static:1,...,runs/NAME/policy.json]
-(--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft.)
+     [--draft DIR] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy] [--copy]
+(--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft; --copy: a copy
+drafter beside the draft for every policy, so policies with a source — static:G:copy, static:G:copy+model,
+suffix — can use it, plus transformers' prompt-lookup rule as a drafter of its own, drafting to its cap of 10.)
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive import SamplingConfig, SpeculativeDecoder, load_pair
+from adaptive.copy_draft import CopyDraft, PromptLookupDraft
 from adaptive.divergence import first_divergence
 from adaptive.generation import GenerationResult
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_pair_from_paths
 from adaptive.profiling import hardware_description
-from adaptive.workload import LANGUAGES
+from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS
 from lab import live_protocol
 from lab.report import format_table
-from policies import make_policy
+from policies import StaticDepth, make_policy
 
 POLICIES = [f"static:{g}" for g in range(1, 9)] + ["heuristic", "confidence", "entropy", "costmodel"]
+PROMPT_LOOKUP = "prompt lookup (transformers' rule, static:10)"
 HF_MODES = {
     "transformers heuristic": {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic", "assistant_confidence_threshold": 0.0},
     "transformers confidence 0.4": {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4},
@@ -71,7 +75,9 @@ def run(args: argparse.Namespace) -> dict:
     hf_draft = isinstance(pair.draft, PreTrainedModel)
     if args.transformers and not hf_draft:
         print(f"transformers' assisted generation needs a transformers draft; {type(pair.draft).__name__} is not: skipped")
-    prompts, ids = live_protocol.first_prompts(pair, args.split, args.per_language)
+    tasks = COPY_TASKS if args.task == "copy-heavy" else (args.task,) if args.task else None
+    prompts, ids = live_protocol.first_prompts(pair, args.split, args.per_language, tasks)
+    copy = CopyDraft() if args.copy else None
     report = {
         "pair": pair.name,
         "hardware": hardware_description(pair.target.device),
@@ -81,14 +87,24 @@ def run(args: argparse.Namespace) -> dict:
         "per_language": args.per_language,
         "repeats": args.repeats,
         "draft": type(pair.draft).__name__,
+        "task": args.task or "all",
+        "copy": args.copy,
         "runs": {},
     }
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
         decoders = {
-            spec: (lambda spec=spec, sampling=sampling: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer))
+            spec: (
+                lambda spec=spec, sampling=sampling: SpeculativeDecoder(
+                    pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, copy=copy
+                )
+            )
             for spec in args.policies
         }
+        if args.copy:
+            decoders[PROMPT_LOOKUP] = lambda sampling=sampling: SpeculativeDecoder(
+                pair.target, PromptLookupDraft(), StaticDepth(10), sampling, tokenizer=pair.tokenizer
+            )
         if args.transformers and hf_draft:
             decoders.update({name: (lambda mode=mode, sampling=sampling: Assisted(pair, mode, sampling)) for name, mode in HF_MODES.items()})
         live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, sampling.describe(), sampling, args.seed)
@@ -125,7 +141,8 @@ def summarise(report: dict) -> str:
                 cells.append("yes" if d["identical"] else "NO")
             table.append(cells)
         lines.append(
-            f"**{sampling}**, {report['per_language']} {report['split']} prompts per language, {report['new_tokens']} new tokens, "
+            f"**{sampling}**, {report['per_language']} {report['split']} prompts per language (tasks: {report.get('task', 'all')}), "
+            f"{report['new_tokens']} new tokens{', a copy drafter beside the draft' if report.get('copy') else ''}, "
             f"each configuration {report['repeats']}x per prompt in rotating order (medians); speedup over plain in parentheses\n"
         )
         lines.append(format_table(header + (["= plain"] if greedy else []), table))
@@ -158,6 +175,8 @@ def main() -> None:
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.7])
     parser.add_argument("--policies", type=lambda s: s.split(","), default=POLICIES, help="policy specs or learned policy paths, comma-separated")
     parser.add_argument("--no-transformers", dest="transformers", action="store_false")
+    parser.add_argument("--task", choices=[*TASKS, "copy-heavy"], help="only this task type (copy-heavy: the four whose answers copy the prompt)")
+    parser.add_argument("--copy", action="store_true", help="a copy drafter beside the draft (for source-aware policies) and transformers' prompt lookup")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pair_speedup"))
     args = parser.parse_args()

@@ -41,9 +41,10 @@ def warm_pair(name: str, dtype: str = "float32"):
     return pair
 
 
-def first_prompts(pair, split: str, per_language: int) -> tuple[list[dict], list[list[int]]]:
-    """The first ``per_language`` prompts of each language of a split, and their chat token ids."""
-    prompts = [prompt for lang in LANGUAGES for prompt in load_prompts(split, lang=lang)[:per_language]]
+def first_prompts(pair, split: str, per_language: int, tasks: tuple[str, ...] | None = None) -> tuple[list[dict], list[list[int]]]:
+    """The first ``per_language`` prompts of each language of a split (of ``tasks`` only, if given), and their
+    chat token ids."""
+    prompts = [prompt for lang in LANGUAGES for prompt in [p for p in load_prompts(split, lang=lang) if tasks is None or p["task"] in tasks][:per_language]]
     return prompts, [chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts]
 
 

@@ -276,6 +276,20 @@ def licence_of(source: str) -> str:
     return LICENCES["debian-reference" if source.startswith("debian-reference") else "python-doc"]
 
 
+def prompt_row(lang: str, task: str, index: int, source: str, text: str, prompt: str, tokenizer) -> dict:
+    """A workload row: the prompt made from ``text`` (its passage, which decides the split)."""
+    return {
+        "id": f"{lang}-{task}-{index:03d}",
+        "lang": lang,
+        "task": task,
+        "split": split_of(text),
+        "source": source,
+        "licence": licence_of(source),
+        "prompt": prompt,
+        "prompt_tokens": len(chat_ids(tokenizer, prompt)),
+    }
+
+
 def build_prompts(by_lang, tokenizer, seed: int = 20260923) -> list[dict]:
     """PROMPTS_PER_TASK prompts per (language, task), split by passage hash; code blocks differ per language."""
     rng = random.Random(seed)
@@ -295,18 +309,7 @@ def build_prompts(by_lang, tokenizer, seed: int = 20260923) -> list[dict]:
                 used_code.update(text for _, text in chosen)
             for index, (source, text) in enumerate(chosen):
                 prompt = INSTRUCTIONS[task][lang].format(text=text)
-                prompts.append(
-                    {
-                        "id": f"{lang}-{task}-{index:03d}",
-                        "lang": lang,
-                        "task": task,
-                        "split": split_of(text),
-                        "source": source,
-                        "licence": licence_of(source),
-                        "prompt": prompt,
-                        "prompt_tokens": len(chat_ids(tokenizer, prompt)),
-                    }
-                )
+                prompts.append(prompt_row(lang, task, index, source, text, prompt, tokenizer))
     return prompts
 
 
@@ -385,18 +388,7 @@ def build_copy_prompts(by_lang, tokenizer, earlier: list[dict], pool: list[str],
                 used.append(prompt)
                 chosen.append((source, text, prompt))
             for index, (source, text, prompt) in enumerate(chosen):
-                prompts.append(
-                    {
-                        "id": f"{lang}-{task}-{index:03d}",
-                        "lang": lang,
-                        "task": task,
-                        "split": split_of(text),
-                        "source": source,
-                        "licence": licence_of(source),
-                        "prompt": prompt,
-                        "prompt_tokens": len(chat_ids(tokenizer, prompt)),
-                    }
-                )
+                prompts.append(prompt_row(lang, task, index, source, text, prompt, tokenizer))
     return prompts
 
 
