@@ -31,6 +31,17 @@ def load_prompts(split: str, lang: str | None = None, task: str | None = None, p
     return [r for r in rows if r["split"] == split and lang in (None, r["lang"]) and task in (None, r["task"])]
 
 
+def interleave_tasks(prompts: list[dict]) -> list[dict]:
+    """``prompts`` reordered so that each language's task types take turns (its first prompt of each task,
+    then its second of each, ...): the first N per language then cover every task type."""
+    rank: Counter[tuple[str, str]] = Counter()
+    keyed = []
+    for index, prompt in enumerate(prompts):
+        keyed.append((rank[(prompt["lang"], prompt["task"])], index, prompt))
+        rank[(prompt["lang"], prompt["task"])] += 1
+    return [prompt for _, _, prompt in sorted(keyed, key=lambda item: item[:2])]
+
+
 def first_per_language(langs: list[str], per_language: int) -> list[int]:
     """Indices of the first ``per_language`` items of each language, in their original order."""
     seen: Counter[str] = Counter()

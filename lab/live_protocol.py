@@ -19,7 +19,7 @@ from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
 from adaptive.sampling import GREEDY, SamplingConfig
-from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from adaptive.workload import LANGUAGES, chat_ids, interleave_tasks, load_prompts
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
 from lab.report import format_table
@@ -42,9 +42,12 @@ def warm_pair(name: str, dtype: str = "float32"):
 
 
 def first_prompts(pair, split: str, per_language: int, tasks: tuple[str, ...] | None = None) -> tuple[list[dict], list[list[int]]]:
-    """The first ``per_language`` prompts of each language of a split (of ``tasks`` only, if given), and their
-    chat token ids."""
-    prompts = [prompt for lang in LANGUAGES for prompt in [p for p in load_prompts(split, lang=lang) if tasks is None or p["task"] in tasks][:per_language]]
+    """The first ``per_language`` prompts of each language of a split (of ``tasks`` only, if given, taking
+    turns), and their chat token ids."""
+    prompts = []
+    for lang in LANGUAGES:
+        rows = load_prompts(split, lang=lang)
+        prompts += (interleave_tasks([p for p in rows if p["task"] in tasks]) if tasks else rows)[:per_language]
     return prompts, [chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts]
 
 

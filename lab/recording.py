@@ -19,7 +19,7 @@ from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
 from adaptive.tree_traces import TreeTraceSet, record_trees
-from adaptive.workload import chat_ids, first_per_language, load_prompts
+from adaptive.workload import chat_ids, first_per_language, interleave_tasks, load_prompts
 from policies import make_policy
 
 TRACES = Path("data") / "traces"
@@ -42,11 +42,12 @@ def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) 
 def select_prompts(
     split: str, lang: str | None = None, per_language: int | None = None, limit: int | None = None, tasks: str | tuple[str, ...] | None = None
 ) -> list[dict]:
-    """Workload prompts of a split: optionally one language, some task types, the first N per language, the first N overall."""
+    """Workload prompts of a split: optionally one language, some task types (taking turns, so the first N per
+    language cover each of them), the first N per language, the first N overall."""
     prompts = load_prompts(split, lang=lang)
     if tasks is not None:
         wanted = (tasks,) if isinstance(tasks, str) else tasks
-        prompts = [p for p in prompts if p["task"] in wanted]
+        prompts = interleave_tasks([p for p in prompts if p["task"] in wanted])
     if per_language:
         prompts = [prompts[k] for k in first_per_language([p["lang"] for p in prompts], per_language)]
     return prompts[:limit]

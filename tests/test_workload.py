@@ -76,3 +76,10 @@ def test_copy_heavy_tasks_cover_every_language_and_split_and_come_after_the_rest
     assert all(held_out[(lang, split)] >= 20 for lang in LANGUAGES for split in ("val", "test")), held_out
     named = [p for p in prompts if p["task"] == "passage"]
     assert all(p["prompt"].count(p["prompt"].rsplit('"', 2)[-2]) >= 2 for p in named)  # the term asked about is in the passage
+
+
+def test_selections_of_several_task_types_take_turns():
+    from lab.recording import select_prompts
+
+    chosen = select_prompts("test", per_language=4, tasks=COPY_TASKS)
+    assert Counter((p["lang"], p["task"]) for p in chosen) == Counter({(lang, task): 1 for lang in LANGUAGES for task in COPY_TASKS})
