@@ -15,6 +15,7 @@ from envs.env import SpecDecodeEnv
 from envs.factory import make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
 from lab.config import ExperimentConfig
 from lab.evaluation import play, records_speedup, static_sweep
+from policies.baselines import StaticDepth, SuffixRule
 from policies.oracle import OraclePolicy
 
 log = logging.getLogger(__name__)
@@ -82,15 +83,22 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
 
 def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile | None) -> dict[str, dict]:
     """Speedup over plain decoding of the learned policy, every static depth and (replay) the oracle, on
-    ``eval_episodes`` episodes of the evaluation env (replay: val traces)."""
+    ``eval_episodes`` episodes of the evaluation env (replay: val traces). With a copy drafter beside the
+    model (``env.copy``), also every static depth with each other source and SuffixDecoding's rule (the
+    oracle knows the model draft's match lengths only)."""
     env = make_env(config, "depth", None, profile, evaluation=True)
     backend = env.backend
     prompts = list(range(min(config.eval_episodes, backend.num_prompts)))
     seconds = config.env.decision_seconds
     runs = {"learned": play(backend, lambda: policy, prompts, None, seconds)}
     runs.update({f"static:{depth}": records for depth, records in static_sweep(backend, prompts, config.env.max_depth, seconds).items()})
+    for source in backend.sources[1:]:
+        for depth in range(1, config.env.max_depth + 1):
+            runs[f"static:{depth}:{source}"] = play(backend, lambda d=depth, s=source: StaticDepth(d, s), prompts, None, seconds)
+    if len(backend.sources) > 1:
+        runs["suffix"] = play(backend, SuffixRule, prompts, None, seconds)
     if config.env.backend == "replay" and not config.env.tree:
-        runs["oracle"] = play(backend, lambda: OraclePolicy(backend), prompts, None, seconds)
+        runs["oracle (model draft)" if len(backend.sources) > 1 else "oracle"] = play(backend, lambda: OraclePolicy(backend), prompts, None, seconds)
     return {
         name: {
             "speedup": records_speedup(records, backend.target_step_seconds),

@@ -232,6 +232,8 @@ def test_a_source_policy_co_trains_with_the_depth_policy_and_drives_the_decoder(
     final = train(config_from_dict(config), tmp_path / "run")
     metrics = (tmp_path / "run" / "metrics.csv").read_text()
     assert ",source," in metrics and ",depth," in metrics
+    evaluation = json.loads((tmp_path / "run" / "evaluation.json").read_text())
+    assert {"learned", "static:4", "static:4:copy", "static:4:copy+model", "suffix", "oracle (model draft)"} <= set(evaluation)
     policy = load_policy(final)
     assert policy.source_net is not None and policy.metadata["schema"]["version"] == 2
     live = SpeculativeDecoder(target, near_draft, policy, max_depth=4, copy=CopyDraft())
