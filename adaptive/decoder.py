@@ -134,14 +134,16 @@ class ChainGeneration(Generation):
         t0 = clock()
         steps = drafted.steps
         logits = self._next_row(draft)
-        if draft.deterministic and not proposes(logits) and self.source == "copy+model":
-            self._copy_done, draft = True, self.decoder.draft
+        if draft.deterministic and not proposes(logits):
+            if self.source != "copy+model":
+                elapsed = clock() - t0
+                drafted.forward_time += elapsed
+                drafted.draft_time += elapsed
+                self.max_depth = self.depth
+                return None
+            self._copy_done, draft = True, self.decoder.draft  # the model drafts on where the copy drafter ran out
             logits = self._next_row(draft)
         drafted.forward_time += clock() - t0
-        if draft.deterministic and not proposes(logits):
-            self.max_depth = self.depth
-            drafted.draft_time += clock() - t0
-            return None
         sampled = None
         if not self.decoder.sampling.is_greedy:
             drafted.q_rows.append(proposal_distribution(logits, self.decoder.sampling, draft.deterministic))

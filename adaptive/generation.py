@@ -250,10 +250,10 @@ class Decoder(ABC):
         max_depth: int = 16,
         eos_token_id: int | Sequence[int] | None = None,
     ) -> None:
-        if not isinstance(draft, MODEL_FREE):  # the copy drafter proposes the context's own tokens: any target
+        if not isinstance(draft, MODEL_FREE):  # a copy drafter proposes the context's own tokens: any target, any device
             check_compatible(target, draft, tokenizer, draft_tokenizer)
-        if not isinstance(draft, MODEL_FREE) and target.device != draft.device:
-            raise ValueError(f"target and draft must be on one device, got {target.device} and {draft.device}")
+            if target.device != draft.device:
+                raise ValueError(f"target and draft must be on one device, got {target.device} and {draft.device}")
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         if not isinstance(policy, DraftPolicy):

@@ -70,10 +70,10 @@ def greedy_output(decoder: SpeculativeDecoder, prompt: list[int], max_new_tokens
 
 
 def _check_prompt(draft: Draft, prompt_length: int) -> None:
-    """A head drafts from the target's state before the last token: refuse a 1-token prompt for it. Traces
-    say how far a model draft matches; the copy drafter's (which may have nothing to propose) are not recorded."""
+    """A head drafts from the target's state before the last token: refuse a 1-token prompt for it. A copy
+    drafter is recorded beside a draft model (:func:`copy_trace`), not as the pair's draft."""
     if isinstance(draft, MODEL_FREE):
-        raise ValueError("traces of copy drafters are not recorded; decode with it live (adaptive generate --draft copy)")
+        raise ValueError("a copy drafter is recorded beside the pair's draft model, not as its draft: adaptive record --pair NAME --copy")
     if target_taps(draft) and prompt_length < 2:
         raise ValueError(f"a draft head drafts after 2 tokens or more; this prompt has {prompt_length}")
 

@@ -61,6 +61,17 @@ def deviation_statistics(counts: torch.Tensor, exact: torch.Tensor) -> tuple[flo
     return max_z, (chi2 - df) / math.sqrt(2 * df)
 
 
+def assert_exact_or_detected(decoder: SpeculativeDecoder, target, prompt: list[int], correction) -> None:
+    """With the residual rule every outcome and the Pearson statistic lie within 5σ of the exact two-token
+    distribution; with the naive rule both lie beyond it (the test detects the bias)."""
+    exact = exact_two_token_distribution(target, prompt, decoder.sampling)
+    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, prompt), exact)
+    if correction is residual_correction:
+        assert max_z < 5.0 and chi2_z < 5.0, (max_z, chi2_z)
+    else:
+        assert max_z > 5.0 and chi2_z > 5.0, "the naive rule should be detected as biased"
+
+
 CASES = {
     "far draft, T=1, static:1 (bonus path)": ("far_draft", SamplingConfig(1.0), lambda: StaticDepth(1)),
     "far draft, T=1.3, top-p 0.8, static:3": ("far_draft", SamplingConfig(1.3, top_p=0.8), lambda: StaticDepth(3)),
@@ -97,12 +108,7 @@ def test_an_eagle3_head_keeps_the_target_distribution_and_naive_resampling_does_
     exact with the residual rule; the naive rule, same head and decoder, is detected."""
     sampling = SamplingConfig(1.0)
     decoder = SpeculativeDecoder(target, eagle_head, StaticDepth(2), sampling, correction=correction)
-    exact = exact_two_token_distribution(target, HEAD_PROMPT, sampling)
-    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, HEAD_PROMPT), exact)
-    if correction is residual_correction:
-        assert max_z < 5.0 and chi2_z < 5.0, (max_z, chi2_z)
-    else:
-        assert max_z > 5.0 and chi2_z > 5.0, "the naive rule should be detected as biased"
+    assert_exact_or_detected(decoder, target, HEAD_PROMPT, correction)
 
 
 COPY_PROMPT = [3, 5, 3]
@@ -116,12 +122,7 @@ def test_the_copy_drafter_keeps_the_target_distribution_and_naive_resampling_doe
     T = 1, static:3 copy+model: exact with the residual rule; the naive rule, same drafters, is detected."""
     sampling = SamplingConfig(1.0)
     decoder = SpeculativeDecoder(target, far_draft, StaticDepth(3, "copy+model"), sampling, correction=correction, copy=CopyDraft())
-    exact = exact_two_token_distribution(target, COPY_PROMPT, sampling)
-    max_z, chi2_z = deviation_statistics(empirical_two_token_counts(decoder, N_SAMPLES, COPY_PROMPT), exact)
-    if correction is residual_correction:
-        assert max_z < 5.0 and chi2_z < 5.0, (max_z, chi2_z)
-    else:
-        assert max_z > 5.0 and chi2_z > 5.0, "the naive rule should be detected as biased"
+    assert_exact_or_detected(decoder, target, COPY_PROMPT, correction)
 
 
 def test_naive_resampling_fails_the_same_test(target, far_draft):
