@@ -34,7 +34,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel, output_vocab_size
-from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
+from adaptive.copy_draft import MODEL_FREE, CopyDraft, PromptLookupDraft, proposes
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft, HeadSession, draft_session, target_taps, teacher_forced
 from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
@@ -147,10 +147,11 @@ def _rollouts(
     return out, torch.stack(drafted, 1) if drafted else empty.long(), torch.stack(probs, 1) if probs else empty
 
 
-def copy_trace(copy: CopyDraft, vocab_size: int, prompt: list[int], output: list[int], depth: int) -> CopyTrace:
-    """The copy drafter's chain at every position t of ``output`` (context: prompt + output[:t]), up to
+def copy_trace(copy: CopyDraft | PromptLookupDraft, vocab_size: int, prompt: list[int], output: list[int], depth: int) -> CopyTrace:
+    """A model-free drafter's chain at every position t of ``output`` (context: prompt + output[:t]), up to
     ``depth`` steps or until it has nothing to propose. Its proposals depend on the tokens alone, so one
-    session reads the output once and drafts each chain on top, rolled back after."""
+    session reads the output once and drafts each chain on top, rolled back after (a rollback starts a new
+    round, where prompt lookup looks the context up afresh, as in decoding)."""
     n = len(output)
     trace = CopyTrace(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, depth, 3), np.float32), np.zeros((n, depth), np.int64))
     session = copy.session(vocab_size, torch.device("cpu"))
@@ -229,9 +230,10 @@ def record(
 
     Greedy decoders record match lengths (exact replay); sampling decoders record :func:`sampled_trace`
     along one sampled output per entry of ``prompts`` (give a prompt several times for several samples),
-    entry i drawn with ``seed`` + i. With ``copy``, the copy drafter's chains along the same outputs too
-    (:func:`copy_trace`)."""
-    outputs, matches, features, accepts, rejects, copies = [], [], [], [], [], []
+    entry i drawn with ``seed`` + i. With ``copy``, the copy drafter's chains along the same outputs too,
+    and transformers' prompt lookup's (up to ``depth`` tokens), to replay that baseline (:func:`copy_trace`)."""
+    outputs, matches, features, accepts, rejects, copies, lookups = [], [], [], [], [], [], []
+    lookup = PromptLookupDraft(num_tokens=depth)
     repaired = 0
     sampling = decoder.sampling
     for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
@@ -248,7 +250,9 @@ def record(
             accepts.append(a)
             rejects.append(r)
         if copy is not None:
-            copies.append(copy_trace(copy, output_vocab_size(decoder.target.model), ids, y, depth))
+            vocab = output_vocab_size(decoder.target.model)
+            copies.append(copy_trace(copy, vocab, ids, y, depth))
+            lookups.append(copy_trace(lookup, vocab, ids, y, depth))
         outputs.append(np.array(y, dtype=np.int32))
         matches.append(m)
         features.append(f)
@@ -265,10 +269,11 @@ def record(
         features=np.concatenate(features),
         accept_prob=np.concatenate(accepts) if accepts else None,
         reject_features=np.concatenate(rejects) if rejects else None,
-        copy=CopyTrace(*(np.concatenate([getattr(c, name) for c in copies]) for name in CopyTrace.ARRAYS)) if copies else None,
+        copy=_joined(copies),
+        lookup=_joined(lookups),
         metadata={
             **metadata,
-            **({"copy_draft": asdict(copy)} if copy is not None else {}),
+            **({"copy_draft": asdict(copy), "prompt_lookup": asdict(lookup)} if copy is not None else {}),
             "max_new_tokens": max_new_tokens,
             "depth": depth,
             "sampling": sampling.describe(),
@@ -279,3 +284,8 @@ def record(
             "repaired_outputs": int(repaired),
         },
     )
+
+
+def _joined(chains: list[CopyTrace]) -> CopyTrace | None:
+    """Per-prompt chains of a model-free drafter back to back (None when none were recorded)."""
+    return CopyTrace(*(np.concatenate([getattr(c, name) for c in chains]) for name in CopyTrace.ARRAYS)) if chains else None

@@ -25,7 +25,7 @@ traces of format 1 held an approximation and are refused).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +111,9 @@ class TraceSet:
     copy: CopyTrace | None = None
     """The copy drafter's chains along the same outputs (recorded with ``--copy``); ``metadata["copy_draft"]``
     holds its settings."""
+    lookup: CopyTrace | None = None
+    """transformers' prompt lookup's chains along the same outputs (recorded with the copy drafter's; its
+    ``num_tokens`` is K), for replaying that baseline: :meth:`with_lookup_as_copy`."""
     metadata: dict = field(default_factory=dict)
 
     @property
@@ -131,6 +134,13 @@ class TraceSet:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
+    def with_lookup_as_copy(self) -> TraceSet:
+        """These traces with prompt lookup's chains in the copy drafter's place: replaying the ``copy`` source
+        on them replays transformers' prompt lookup beside the model draft."""
+        if self.lookup is None:
+            raise ValueError("these traces hold no prompt-lookup chains: record them with adaptive record --copy")
+        return replace(self, copy=self.lookup, lookup=None)
+
     def output(self, i: int) -> np.ndarray:
         """y of prompt ``i``."""
         return self.outputs[self.offsets[i] : self.offsets[i + 1]]
@@ -140,14 +150,14 @@ class TraceSet:
         if self.accept_prob is not None:
             arrays["accept_prob"] = self.accept_prob.astype(np.float32)
             arrays["reject_features"] = self.reject_features.astype(np.float16)
-        if self.copy is not None:
-            copy = self.copy
-            arrays.update(
-                copy_match=copy.match.astype(np.int16),
-                copy_available=copy.available.astype(np.int16),
-                copy_features=copy.features.astype(np.float16),
-                copy_lengths=copy.lengths.astype(np.int16),
-            )
+        for prefix, chains in (("copy", self.copy), ("lookup", self.lookup)):
+            if chains is not None:
+                arrays.update(
+                    {
+                        f"{prefix}_{name}": getattr(chains, name).astype(np.float16 if name == "features" else np.int16)
+                        for name in CopyTrace.ARRAYS
+                    }
+                )
         write_npz(path, self, arrays, TRACE_FORMAT)
 
     @classmethod
@@ -167,8 +177,14 @@ class TraceSet:
                 features=data["features"].astype(np.float32),
                 accept_prob=data["accept_prob"].astype(np.float32) if sampled else None,
                 reject_features=data["reject_features"].astype(np.float32) if sampled else None,
-                copy=CopyTrace(*(data[f"copy_{name}"].astype(np.float32 if name == "features" else np.int64) for name in CopyTrace.ARRAYS))
-                if "copy_match" in data.files
-                else None,
+                copy=_chains(data, "copy"),
+                lookup=_chains(data, "lookup"),
                 metadata=metadata,
             )
+
+
+def _chains(data, prefix: str) -> CopyTrace | None:
+    """A model-free drafter's chains stored under ``prefix`` in an open trace file (None when absent)."""
+    if f"{prefix}_match" not in data.files:
+        return None
+    return CopyTrace(*(data[f"{prefix}_{name}"].astype(np.float32 if name == "features" else np.int64) for name in CopyTrace.ARRAYS))

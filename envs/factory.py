@@ -27,9 +27,12 @@ TREE_PROFILE = ROOT / "profiles" / "smollm2-135m-tree.json"
 TRACES = ROOT / "data" / "traces"
 
 
-def default_traces(split: str = "train", pair: str = "smollm2-135m", tree: bool = False) -> Path:
-    """Path of the shipped greedy traces (``tree``: tree traces) of ``pair`` for ``split`` (``adaptive record`` makes more)."""
-    path = TRACES / f"{pair}-{split}{'-tree' if tree else ''}.npz"
+def default_traces(split: str = "train", pair: str = "smollm2-135m", tree: bool = False, copy: bool = False) -> Path:
+    """Path of the shipped greedy traces of ``pair`` for ``split`` (``tree``: tree traces; ``copy``: chain
+    traces holding the copy drafter's chains too, every task type); ``adaptive record`` makes more."""
+    if tree and copy:
+        raise ValueError("copy drafter chains are recorded in chain traces, not tree traces")
+    path = TRACES / f"{pair}-{split}{'-tree' if tree else ''}{'-copy' if copy else ''}.npz"
     if not path.is_file():
         shipped = sorted(p.name for p in TRACES.glob("*.npz")) if TRACES.is_dir() else []
         raise FileNotFoundError(f"no shipped traces for pair {pair!r}, split {split!r} at {path}; shipped: {shipped or 'none'}")

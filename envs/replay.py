@@ -194,6 +194,21 @@ class ReplayBackend(TraceReplay):
         self._depth += 1
         return (*self._features[i + available][step - available], 0)
 
+    def lookahead(self, source: str, depth: int) -> Cycle:
+        """The round that drafting ``depth`` tokens with ``source`` (fewer if it runs out) and verifying them
+        all would give here, without moving on: what an oracle weighs (greedy traces, at a round's start)."""
+        if self._accept is not None:
+            raise ValueError("sampled (T > 0) traces draw their acceptances: an oracle needs greedy traces")
+        if self._depth:
+            raise ValueError(f"a lookahead starts a round; this one is already {self._depth} tokens deep")
+        saved = (self._t, list(self._recent), self._source, self._exhausted)
+        self.choose_source(source)
+        while self._depth < depth and self.draft() is not None:
+            pass
+        cycle = self.verify(self._depth)
+        (self._t, self._recent, self._source, self._exhausted), self._depth = saved, 0
+        return cycle
+
     def verify(self, size: int) -> Cycle:
         depth = self._depth
         if not verifiable(size, depth):

@@ -41,8 +41,9 @@ def plot_evaluation(result: dict, folder: Path) -> None:
         _plot_choices(plt, result["choices"], folder / "learned_choices.png")
 
 
-def plot_speedups(data: dict, path: Path, title: str) -> None:
-    """Grouped bars: speedup over plain decoding per policy (``data[name][lang]["speedup"]``) and language."""
+def plot_speedups(data: dict, path: Path, title: str, columns: tuple[str, ...] = COLUMNS) -> None:
+    """Grouped bars: speedup over plain decoding per policy (``data[name][column]["speedup"]``) and column
+    (languages and all, or e.g. task types)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,9 +54,9 @@ def plot_speedups(data: dict, path: Path, title: str) -> None:
     figure, axis = plt.subplots(figsize=(14, 4.5))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        axis.bar([x + i * width for x in range(len(COLUMNS))], [data[name][lang]["speedup"] for lang in COLUMNS], width, label=name)
+        axis.bar([x + i * width for x in range(len(columns))], [data[name][column]["speedup"] for column in columns], width, label=name)
     axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(COLUMNS))], COLUMNS)
+    axis.set_xticks([x + 0.4 - width / 2 for x in range(len(columns))], columns)
     axis.set(ylabel="speedup over plain decoding", title=title)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()

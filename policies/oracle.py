@@ -27,3 +27,47 @@ class OraclePolicy(BasePolicy):
 
     def should_continue(self, state: DraftState) -> bool:
         return state.depth < self.backend.match_length
+
+
+class PricedRound(Protocol):
+    emitted: int
+    draft_seconds: float
+    verify_seconds: float
+
+
+class KnowsRounds(Protocol):
+    sources: tuple[str, ...]
+    cap: int
+
+    def lookahead(self, source: str, depth: int) -> PricedRound:
+        """The round drafting ``depth`` tokens with ``source`` would give here, without moving on."""
+
+
+class SourceOracle(BasePolicy):
+    """With a copy drafter beside the model (replay only): per round, the source and depth whose round alone
+    emits the most tokens per modelled second, every (source, depth) tried by lookahead (ties: the shallower,
+    then the earlier source). Myopic — a reference for policies that choose both, not a proven bound."""
+
+    name = "oracle (source and depth)"
+    reads_step_features = False
+
+    def __init__(self, backend: KnowsRounds) -> None:
+        self.backend = backend
+        self._depth = 1
+
+    def source(self, state: DraftState) -> str:
+        backend = self.backend
+        options = [(source, depth) for source in backend.sources for depth in range(1, backend.cap + 1)]
+        if not options:
+            return "model"
+        rates = [_rate(backend.lookahead(source, depth)) for source, depth in options]
+        best = max(range(len(options)), key=lambda i: (rates[i], -options[i][1], -i))
+        source, self._depth = options[best]
+        return source
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.depth < self._depth
+
+
+def _rate(cycle: PricedRound) -> float:
+    return cycle.emitted / (cycle.draft_seconds + cycle.verify_seconds)

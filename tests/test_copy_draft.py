@@ -284,6 +284,23 @@ def test_replay_of_copy_sources_reproduces_live_rounds(copy_traces, target, near
         )
 
 
+def test_replay_of_prompt_lookup_chains_reproduces_live_prompt_lookup(copy_traces, target):
+    """The prompt-lookup chains recorded beside the copy drafter's, replayed as the copy source at the depth
+    cap, give the rounds of live decoding with transformers' prompt lookup as the draft."""
+    from conftest import flat_profile
+
+    from envs.replay import ReplayBackend
+    from envs.rollout import run_policy
+
+    lookup = copy_traces.with_lookup_as_copy()
+    assert lookup.copy is copy_traces.lookup and lookup.lookup is None
+    episodes = run_policy(ReplayBackend(lookup, flat_profile(), max_depth=8), make_policy("static:8:copy"), list(range(len(COPY_PROMPTS))), 0.0)
+    decoder = SpeculativeDecoder(target, PromptLookupDraft(num_tokens=8), make_policy("static:8"), max_depth=8)
+    rounds = [[(c.drafted, c.accepted, c.emitted) for c in e.cycles] for e in episodes]
+    assert rounds == [[(r.drafted, r.accepted, r.emitted) for r in decoder.generate(p, 40).rounds] for p in COPY_PROMPTS]
+    assert sum(c.accepted for e in episodes for c in e.cycles) > 0
+
+
 def test_copy_traces_survive_a_file_round_trip(copy_traces, tmp_path):
     from adaptive.traces import TraceSet
 
@@ -292,6 +309,7 @@ def test_copy_traces_survive_a_file_round_trip(copy_traces, tmp_path):
     assert np.array_equal(loaded.copy.match, copy_traces.copy.match)
     assert np.array_equal(loaded.copy.lengths, copy_traces.copy.lengths)
     assert np.allclose(loaded.copy.features, copy_traces.copy.features, atol=1e-2)
+    assert np.array_equal(loaded.lookup.available, copy_traces.lookup.available)
 
 
 def test_source_decisions_pass_the_gymnasium_checker_and_refuse_a_backend_without_a_copy_drafter(copy_traces):

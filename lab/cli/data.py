@@ -25,6 +25,9 @@ from lab.draft_training import TrainingConfig, train_draft
 from lab.recording import TRACES, record_chains, record_tree_traces, select_prompts
 from lab.report import format_table
 
+TASK_GROUPS = {"copy-heavy": COPY_TASKS, "all": TASKS}
+"""Names for several task types at once (their prompts take turns within each language)."""
+
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
@@ -92,7 +95,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         )
         return 0
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    prompts = select_prompts(args.split, args.lang, args.per_language, args.limit, COPY_TASKS if args.task == "copy-heavy" else args.task)
+    prompts = select_prompts(args.split, args.lang, args.per_language, args.limit, TASK_GROUPS.get(args.task, args.task))
     traces = record_chains(
         pair,
         name,
@@ -108,7 +111,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         samples=args.samples,
         copy=CopyDraft() if args.copy else None,
     )
-    suffix = (f"-{args.task}" if args.task else "") + ("" if sampling.is_greedy else f"-t{args.temperature:g}") + ("-copy" if args.copy else "")
+    task = f"-{args.task}" if args.task not in (None, "all") else ""
+    suffix = task + ("" if sampling.is_greedy else f"-t{args.temperature:g}") + ("-copy" if args.copy else "")
     out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
     traces.save(out)
     summary = f"mean acceptance probability {traces.accept_prob.mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
@@ -171,7 +175,11 @@ def register(commands) -> None:
     rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
     rec.add_argument("--limit", type=int, help="only the first N prompts")
     rec.add_argument("--per-language", type=int, help="only the first N prompts of each language")
-    rec.add_argument("--task", choices=[*TASKS, "copy-heavy"], help="only this task type (copy-heavy: the four whose answers copy the prompt)")
+    rec.add_argument(
+        "--task",
+        choices=[*TASKS, *TASK_GROUPS],
+        help="only this task type (copy-heavy: the four whose answers copy the prompt; all: every type, taking turns in each language)",
+    )
     rec.add_argument("--copy", action="store_true", help="also record the copy drafter's chains at every position (chains)")
     rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
     rec.add_argument("--max-new-tokens", type=int, default=128)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lab.comparison import evaluate
 from lab.config import load_config
+from lab.copy_comparison import evaluate_sources
 from lab.report import format_table
 from lab.retarget import retarget
 from lab.runs import finished_run_name, latest_runs, link_latest, stamped
@@ -54,6 +55,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out or stamped("evaluations", config.name))
     if config.env.tree:
         evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens, repeats=args.repeats)
+    elif config.env.copy:
+        evaluate_sources(config, learned, out, args.live_per_language, args.max_new_tokens, args.repeats)
     else:
         evaluate(config, learned, out, args.live_per_language, args.max_new_tokens, args.grid_live_per_language, args.repeats, args.calibration_per_language)
     print((out / "report.md").read_text())
@@ -94,7 +97,8 @@ def register(commands) -> None:
     ev.add_argument(
         "--policy",
         action="append",
-        help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains",
+        help="learned policy run folder (repeatable; default RUNS/NAME-latest); with a tree config, runs trained on chains decode chains; "
+        "with a copy config (env.copy), runs trained without the copy drafter decode without it",
     )
     ev.add_argument("--runs", default="runs")
     ev.add_argument("--profile", help=PROFILE_HELP)
