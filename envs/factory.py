@@ -49,11 +49,11 @@ def make_replay_env(
     episode: str = "cycle",
     copy: bool = False,
 ) -> SpecDecodeEnv:
-    """Replay env. ``traces``: a split name of the shipped traces ("train", "val"), a trace file or a TraceSet;
-    ``copy``: a copy drafter beside the model (the traces must hold its chains)."""
+    """Replay env. ``traces``: a split name of the shipped traces ("train", "val"; with ``copy``, the copy
+    traces), a trace file or a TraceSet; ``copy``: a copy drafter beside the model (the traces must hold its chains)."""
     if not isinstance(traces, TraceSet):
         path = Path(traces)
-        traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces)))
+        traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), copy=copy))
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
     if copy and traces.copy is None:

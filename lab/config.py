@@ -26,7 +26,9 @@ class EnvConfig:
     backend: str = "replay"
     """replay | synthetic | live"""
     traces: str = "train"
-    """replay: a shipped split name (train, val) or a trace file"""
+    """replay: a shipped split name (train, val) or a trace file; with ``copy``, a split name means the copy traces"""
+    eval_traces: str | None = None
+    """replay: what the run's final evaluation replays (default: val when ``traces`` is train, else ``traces``)"""
     profile: str = "auto"
     """a cost profile file (replay time, evaluation), or auto: measure a short one of the pair on this machine at
     start and keep it in the run or evaluation folder"""

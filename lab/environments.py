@@ -70,7 +70,7 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
     """The environment a config describes, timed by ``profile`` (``evaluation``: replay on the val traces instead of train)."""
     env = config.env
     if env.backend == "replay":
-        traces = "val" if evaluation and env.traces == "train" else env.traces
+        traces = (env.eval_traces or ("val" if env.traces == "train" else env.traces)) if evaluation else env.traces
         if env.tree:
             return make_tree_replay_env(traces, profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
         return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds, copy=env.copy)

@@ -242,3 +242,21 @@ def test_a_source_policy_co_trains_with_the_depth_policy_and_drives_the_decoder(
         assert result.token_ids == generate_plain(target, prompt, 30).token_ids
     with pytest.raises(ConfigError, match="train_source needs env.copy"):
         config_from_dict({"cotraining": {"train_source": True}})
+
+
+def test_a_run_evaluates_on_its_eval_traces():
+    from adaptive.profile import CostProfile
+    from lab.environments import make_env
+
+    profile = CostProfile.load(ROOT / "profiles" / "smollm2-135m.json")
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    assert make_env(config, "depth", None, profile, evaluation=True).backend.traces.prompt_ids == load_traces("val").prompt_ids
+    config.env.traces, config.env.eval_traces = "val", str(ROOT / "data" / "traces" / "smollm2-135m-test.npz")
+    assert make_env(config, "depth", None, profile, evaluation=True).backend.traces.prompt_ids == load_traces("test").prompt_ids
+    assert make_env(config, "depth", None, profile).backend.traces.prompt_ids == load_traces("val").prompt_ids
+
+
+def load_traces(split: str):
+    from adaptive.traces import TraceSet
+
+    return TraceSet.load(ROOT / "data" / "traces" / f"smollm2-135m-{split}.npz")
