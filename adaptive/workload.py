@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "workload" / "prompts.jsonl"
@@ -31,15 +32,17 @@ def load_prompts(split: str, lang: str | None = None, task: str | None = None, p
     return [r for r in rows if r["split"] == split and lang in (None, r["lang"]) and task in (None, r["task"])]
 
 
-def interleave_tasks(prompts: list[dict]) -> list[dict]:
+def interleave_tasks(prompts: list[dict], order: Sequence[str] | None = None) -> list[dict]:
     """``prompts`` reordered so that each language's task types take turns (its first prompt of each task,
-    then its second of each, ...): the first N per language then cover every task type."""
+    then its second of each, ...): the first N per language then cover every task type. Within a turn the
+    tasks come in ``order`` (default: where each first appears in ``prompts``)."""
     rank: Counter[tuple[str, str]] = Counter()
     keyed = []
     for index, prompt in enumerate(prompts):
-        keyed.append((rank[(prompt["lang"], prompt["task"])], index, prompt))
-        rank[(prompt["lang"], prompt["task"])] += 1
-    return [prompt for _, _, prompt in sorted(keyed, key=lambda item: item[:2])]
+        task = prompt["task"]
+        keyed.append((rank[(prompt["lang"], task)], order.index(task) if order else 0, index, prompt))
+        rank[(prompt["lang"], task)] += 1
+    return [prompt for *_, prompt in sorted(keyed, key=lambda item: item[:3])]
 
 
 def first_per_language(langs: list[str], per_language: int) -> list[int]:

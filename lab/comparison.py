@@ -204,12 +204,17 @@ def evaluate(
     return result
 
 
-def track_comparison(config: ExperimentConfig, out: Path, rows: list[list], replay: dict, live: dict) -> None:
-    """The comparison tables, native bar charts and the PNG plots, logged in the training runs' W&B group."""
+def track_comparison(
+    config: ExperimentConfig, out: Path, rows: list[list], replay: dict, live: dict, tables: dict[str, tuple[list[str], list[list]]] | None = None
+) -> None:
+    """The comparison tables (and ``tables``: more, by key: columns and rows), native bar charts and the PNG
+    plots, logged in the training runs' W&B group."""
     tracker = Tracker(
         config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, f"evaluate-{out.name}", config.to_dict(), out, job_type="evaluate"
     )
     tracker.log_table("replay_speedup", ["policy", *LANGUAGES, "all", "tau"], rows)
+    for key, (columns, more) in (tables or {}).items():
+        tracker.log_table(key, columns, more)
     speedups = [d["all"]["speedup"] for d in replay.values()]
     tracker.log_bar_chart("replay_speedup_chart", list(replay), speedups, "speedup", "replay speedup over plain (test split)")
     if live:

@@ -6,7 +6,9 @@ Compared on the test split, every task type, with one cost profile: grid search 
 round; a model-only run decodes without the copy drafter, as it was trained), the model-only baselines (the
 untuned static depth, the cost model, the heuristics) without a copy drafter, and two oracles: the model
 draft's, and one that picks source and depth per round. Replay (exact greedy acceptances) per language and
-per task type, with bootstrap intervals; then live, wall clock, back to back with plain decoding.
+per task type, with bootstrap intervals; then live, wall clock, back to back with plain decoding (grid
+search, the suffix rule, prompt lookup and the learned runs; each language's first test prompts, a general
+task then a copy-heavy one, taking turns).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from policies import make_policy
 from policies.baselines import StaticDepth
 from policies.oracle import OraclePolicy, SourceOracle
 
+LIVE_TASKS = ("question", "fix", "code", "passage", "continuation", "comment", "translation", "keep-names")
+"""Task types in the order live prompts take them in each language: a general one, then a copy-heavy one."""
+LIVE = ("grid search", "suffix", "prompt lookup", "learned")
+"""Contenders decoded live (by name prefix); the model-only baselines are replayed only."""
 DRAFTERS = ("model", "copy", "lookup")
 """What a contender drafts with: the pair's draft alone; a copy drafter beside it; transformers' prompt
 lookup in the copy drafter's place."""
@@ -174,8 +180,9 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     live: dict = {}
     if live_per_language:
         pair = live_protocol.warm_pair(config.pair, config.dtype)
-        prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language, TASKS)
-        rows = live_protocol.measure(pair.target, prompts, ids, live_decoders(pair, chosen, config.env.max_depth), new_tokens, repeats, desc="live test")
+        prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language, LIVE_TASKS)
+        decoders = live_decoders(pair, {name: c for name, c in chosen.items() if name.startswith(LIVE)}, config.env.max_depth)
+        rows = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test")
         live = live_protocol.summarise(rows)
         live_tasks = [task_of[r["id"]] for r in rows[live_protocol.PLAIN]]
         fitted["live_tasks"] = {t: live_tasks.count(t) for t in TASKS if t in live_tasks}
@@ -183,7 +190,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
             f"{name} vs {other}": live_protocol.compare(rows, name, other)
             for name, c in chosen.items()
             if c.learned_with_copy
-            for other in chosen
+            for other in decoders
             if other.startswith(("grid search", "suffix", "prompt lookup", "learned, model only"))
         }
     result = {
@@ -209,7 +216,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     plot_speedups(task_data, out / "plots" / "speedup_replay_tasks.png", "replay: speedup per task type (test split)", columns=(*result["tasks"], "all"))
     if live:
         plot_speedups(live, out / "plots" / "speedup_live.png", "live: speedup per language (test split)")
-    track_comparison(config, out, language_rows, replay_data, live)
+    track_comparison(config, out, language_rows, replay_data, live, {"replay_speedup_per_task": (["policy", *result["tasks"], "all"], task_rows)})
     return result
 
 

@@ -43,11 +43,11 @@ def warm_pair(name: str, dtype: str = "float32"):
 
 def first_prompts(pair, split: str, per_language: int, tasks: tuple[str, ...] | None = None) -> tuple[list[dict], list[list[int]]]:
     """The first ``per_language`` prompts of each language of a split (of ``tasks`` only, if given, taking
-    turns), and their chat token ids."""
+    turns in that order), and their chat token ids."""
     prompts = []
     for lang in LANGUAGES:
         rows = load_prompts(split, lang=lang)
-        prompts += (interleave_tasks([p for p in rows if p["task"] in tasks]) if tasks else rows)[:per_language]
+        prompts += (interleave_tasks([p for p in rows if p["task"] in tasks], tasks) if tasks else rows)[:per_language]
     return prompts, [chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts]
 
 

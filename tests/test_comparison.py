@@ -83,3 +83,23 @@ def test_an_auto_profile_is_measured_on_this_machine_and_kept_with_the_output(tm
     assert profile.max_verify == 2 and profile.document["order"] == "interleaved"  # verifications of 0..2 drafted tokens
     assert profile.document["contexts"] == [64, 128, 256] and profile.document["measured_for"] == "quickstart"
     assert 0 < profile.c < 1 and profile.document["measure_seconds"] < 60
+
+
+def test_copy_evaluation_compares_sources_baselines_and_oracles_per_task_type(tmp_path):
+    from lab.copy_comparison import evaluate_sources
+
+    config = load_config(ROOT / "experiments" / "copy.yaml")
+    config.tracking.wandb = "disabled"
+    config.env.profile = str(ROOT / "profiles" / "smollm2-135m-bf16.json")
+    result = evaluate_sources(config, [], tmp_path, live_per_language=0)
+    replay, tasks = result["replay"], result["replay_tasks"]
+    assert result["test_prompts"] == 368 and sum(result["tasks"].values()) == 368 and len(result["tasks"]) == 8
+    grid = next(name for name in replay if name.startswith("grid search"))
+    assert result["fitted"]["grid_best"].split(":")[1] in ("model", "copy", "copy+model")
+    assert {"suffix", "oracle, model draft (replay only)", "oracle, source and depth per round (replay only)"} <= set(replay)
+    assert len({data["all"]["tokens"] for data in replay.values()}) == 1  # every contender emits the same greedy outputs
+    assert all(set(data) == {*result["tasks"], "all"} for data in tasks.values())
+    assert replay["oracle, source and depth per round (replay only)"]["all"]["speedup"] > replay[grid]["all"]["speedup"] > 1.0
+    report = (tmp_path / "report.md").read_text()
+    assert "per task type" in report and "Grid search over static (depth, source)" in report
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup_replay.png", "speedup_replay_tasks.png"}

@@ -83,3 +83,12 @@ def test_selections_of_several_task_types_take_turns():
 
     chosen = select_prompts("test", per_language=4, tasks=COPY_TASKS)
     assert Counter((p["lang"], p["task"]) for p in chosen) == Counter({(lang, task): 1 for lang in LANGUAGES for task in COPY_TASKS})
+
+
+def test_interleaved_tasks_take_turns_in_each_language_in_the_given_order():
+    from adaptive.workload import interleave_tasks
+
+    rows = [{"lang": lang, "task": task, "n": n} for lang in ("it", "en") for task in ("question", "fix") for n in range(2)]
+    assert [(r["task"], r["n"]) for r in interleave_tasks(rows) if r["lang"] == "it"] == [("question", 0), ("fix", 0), ("question", 1), ("fix", 1)]
+    ordered = [(r["task"], r["n"]) for r in interleave_tasks(rows, ("fix", "question")) if r["lang"] == "en"]
+    assert ordered == [("fix", 0), ("question", 0), ("fix", 1), ("question", 1)]
