@@ -185,15 +185,8 @@ def evaluate(
         "live": live_data,
         "live_gains": gains,
         "test_prompts": len(test),
-        "live_per_language": live_per_language,
-        "repeats": repeats,
         "calibration": calibration,
-        "dtype": config.dtype,
-        "new_tokens": new_tokens,
-        "profile": config.env.profile,
-        "profile_info": profile_info(profile),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "out": str(out),
+        **provenance(config, profile, out, live_per_language, repeats, new_tokens),
     }
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     report = _report(result, replay_rows, test, replay)
@@ -229,6 +222,20 @@ def live_gains(live: dict[str, list[dict]], policies: dict) -> dict:
     """Live ratios with intervals: every learned policy against grid search's choice."""
     grid = next(name for name in policies if name.startswith("grid search"))
     return {f"{name} vs {grid}": live_protocol.compare(live, name, grid) for name in policies if name.startswith("learned")}
+
+
+def provenance(config: ExperimentConfig, profile: CostProfile, out: Path, live_per_language: int, repeats: int, new_tokens: int) -> dict:
+    """How an evaluation was made: live settings, dtype, the profile and its provenance, when, and where it is written."""
+    return {
+        "live_per_language": live_per_language,
+        "repeats": repeats,
+        "dtype": config.dtype,
+        "new_tokens": new_tokens,
+        "profile": config.env.profile,
+        "profile_info": profile_info(profile),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "out": str(out),
+    }
 
 
 def profile_info(profile: CostProfile) -> dict:

@@ -14,7 +14,6 @@ task then a copy-heavy one, taking turns).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from adaptive.workload import LANGUAGES, SPLITS, TASKS, load_prompts
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from lab import live_protocol
-from lab.comparison import DEFAULT_STATIC, profile_info, replay_table, track_comparison
+from lab.comparison import DEFAULT_STATIC, provenance, replay_table, track_comparison
 from lab.config import ExperimentConfig
 from lab.environments import resolve_profile
 from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, play, records_gain, records_speedup, summarise
@@ -201,14 +200,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
         "live": live,
         "test_prompts": len(test),
         "tasks": {t: tasks.count(t) for t in TASKS if t in tasks},
-        "live_per_language": live_per_language,
-        "repeats": repeats,
-        "dtype": config.dtype,
-        "new_tokens": new_tokens,
-        "profile": config.env.profile,
-        "profile_info": profile_info(profile),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "out": str(out),
+        **provenance(config, profile, out, live_per_language, repeats, new_tokens),
     }
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
     (out / "report.md").write_text(_report(result, language_rows, task_rows))
