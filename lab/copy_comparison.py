@@ -55,7 +55,12 @@ class Contender:
 
     policy: Callable[[], DraftPolicy]
     drafters: str = "model"
+    """One of :data:`DRAFTERS`."""
     learned_with_copy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.drafters not in DRAFTERS:
+            raise ValueError(f"a contender drafts with one of {', '.join(DRAFTERS)}, got {self.drafters!r}")
 
 
 def source_grid(splits: dict[str, TraceSet], profile: CostProfile, max_depth: int, decision_seconds: float) -> tuple[list[str], dict[str, dict[str, float]]]:

@@ -118,3 +118,10 @@ def test_gains_compare_learned_runs_per_task_type(traces, config):
     assert set(per_task) == {"question", "fix", "passage", "all"}
     assert all(g["low"] <= g["ratio"] <= g["high"] for g in per_task.values())
     assert found["learned (with copy) vs suffix"]["all"]["ratio"] == pytest.approx(1.0)
+
+
+def test_a_contender_names_the_drafters_it_may_use():
+    from lab.copy_comparison import Contender
+
+    with pytest.raises(ValueError, match="one of model, copy, lookup, got 'tree'"):
+        Contender(lambda: make_policy("static:2"), "tree")
