@@ -33,7 +33,7 @@ from lab import live_protocol
 from lab.comparison import DEFAULT_STATIC, provenance, replay_table, track_comparison
 from lab.config import ExperimentConfig
 from lab.environments import resolve_profile
-from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, play, records_gain, records_speedup, summarise
+from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, play, records_gain, records_speedup, static_sweep, summarise
 from lab.plots import plot_speedups
 from lab.report import format_table
 from policies import make_policy
@@ -73,11 +73,9 @@ def source_grid(splits: dict[str, TraceSet], profile: CostProfile, max_depth: in
             raise ValueError(f"the {name} traces hold no copy drafter chains: record them with adaptive record --copy")
         backend = ReplayBackend(traces, profile, max_depth)
         speeds[name] = {
-            f"{depth}:{source}": records_speedup(
-                play(backend, lambda d=depth, s=source: StaticDepth(d, s), range(len(traces)), None, decision_seconds), backend.target_step_seconds
-            )
+            f"{depth}:{source}": records_speedup(records, backend.target_step_seconds)
             for source in backend.sources
-            for depth in range(1, max_depth + 1)
+            for depth, records in static_sweep(backend, range(len(traces)), max_depth, decision_seconds, source).items()
         }
     settings = list(next(iter(speeds.values())))
     mean = {key: float(np.mean([s[key] for s in speeds.values()])) for key in settings}
@@ -125,16 +123,22 @@ def replay_records(config: ExperimentConfig, profile: CostProfile, chosen: dict[
     return records
 
 
+def task_counts(tasks: list[str]) -> dict[str, int]:
+    """How many prompts of each task type ``tasks`` holds, in :data:`TASKS` order (absent types left out)."""
+    return {task: tasks.count(task) for task in TASKS if task in tasks}
+
+
+def per_task(records: list[PromptRecord], tasks: list[str]) -> dict[str, list[PromptRecord]]:
+    """A contender's records split by the task type of their prompt (``tasks``: one per record), and all of them."""
+    return {task: [r for r, t in zip(records, tasks) if task in (t, "all")] for task in (*task_counts(tasks), "all")}
+
+
 def task_table(records: dict[str, list[PromptRecord]], tasks: list[str], step_seconds: float) -> tuple[list[list], dict]:
     """Speedup per task type (and over all prompts) with its 95 % bootstrap interval, per contender."""
-    present = [t for t in TASKS if t in tasks]
     rows, data = [], {}
     for name, mine in records.items():
-        data[name] = {}
-        for task in (*present, "all"):
-            subset = [r for r, t in zip(mine, tasks) if task in (t, "all")]
-            data[name][task] = summarise(subset, step_seconds).__dict__
-        rows.append([name, *(f"{data[name][t]['speedup']:.2f}x [{data[name][t]['low']:.2f}, {data[name][t]['high']:.2f}]" for t in (*present, "all"))])
+        data[name] = {task: summarise(subset, step_seconds).__dict__ for task, subset in per_task(mine, tasks).items()}
+        rows.append([name, *(f"{d['speedup']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]" for d in data[name].values())])
     return rows, data
 
 
@@ -151,11 +155,10 @@ def gains(records: dict[str, list[PromptRecord]], chosen: dict[str, Contender], 
             continue
         for other in (grid, "suffix", lookup):
             result[f"{name} vs {other}"] = {"all": records_gain(records[name], records[other])}
+        mine = per_task(records[name], tasks)
         for other in model_only:
-            result[f"{name} vs {other}"] = {
-                task: records_gain(*([r for r, t in zip(records[who], tasks) if task in (t, "all")] for who in (name, other)))
-                for task in (*(t for t in TASKS if t in tasks), "all")
-            }
+            theirs = per_task(records[other], tasks)
+            result[f"{name} vs {other}"] = {task: records_gain(mine[task], theirs[task]) for task in mine}
     return result
 
 
@@ -182,15 +185,16 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     language_rows, replay_data = replay_table(records, step, config.env.max_depth)
     task_rows, task_data = task_table(records, tasks, step)
     live: dict = {}
+    live_tasks: dict = {}
+    live_gains: dict = {}
     if live_per_language:
         pair = live_protocol.warm_pair(config.pair, config.dtype)
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language, LIVE_TASKS)
         decoders = live_decoders(pair, {name: c for name, c in chosen.items() if name.startswith(LIVE)}, config.env.max_depth)
         rows = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test")
         live = live_protocol.summarise(rows)
-        live_tasks = [task_of[r["id"]] for r in rows[live_protocol.PLAIN]]
-        fitted["live_tasks"] = {t: live_tasks.count(t) for t in TASKS if t in live_tasks}
-        fitted["live_gains"] = {
+        live_tasks = task_counts([task_of[r["id"]] for r in rows[live_protocol.PLAIN]])
+        live_gains = {
             f"{name} vs {other}": live_protocol.compare(rows, name, other)
             for name, c in chosen.items()
             if c.learned_with_copy
@@ -203,8 +207,10 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
         "replay_tasks": task_data,
         "gains": gains(records, chosen, tasks),
         "live": live,
+        "live_tasks": live_tasks,
+        "live_gains": live_gains,
         "test_prompts": len(test),
-        "tasks": {t: tasks.count(t) for t in TASKS if t in tasks},
+        "tasks": task_counts(tasks),
         **provenance(config, profile, out, live_per_language, repeats, new_tokens),
     }
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
@@ -255,8 +261,8 @@ def _report(result: dict, language_rows: list[list], task_rows: list[list]) -> s
         lines.append("- no learned run with a copy drafter given (--policy RUN)")
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
-        lines.append(f"Live prompts per task type: {', '.join(f'{t} {n}' for t, n in fitted['live_tasks'].items())}.")
+        lines.append(f"Live prompts per task type: {', '.join(f'{t} {n}' for t, n in result['live_tasks'].items())}.")
         lines += ["", "## Gains (live, [95 % paired bootstrap over prompts])", ""]
-        lines += [f"- {label}: {_gain_text(g)}" for label, g in fitted["live_gains"].items()]
+        lines += [f"- {label}: {_gain_text(g)}" for label, g in result["live_gains"].items()]
     lines.append(f"\nPlots: {result['out']}/plots; W&B (offline by default): {result['out']}/wandb.")
     return "\n".join(lines) + "\n"

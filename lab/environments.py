@@ -15,7 +15,7 @@ from envs.env import SpecDecodeEnv
 from envs.factory import make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
 from lab.config import ExperimentConfig
 from lab.evaluation import play, records_speedup, static_sweep
-from policies.baselines import StaticDepth, SuffixRule
+from policies.baselines import SuffixRule
 from policies.oracle import OraclePolicy
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,7 @@ def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile
     runs = {"learned": play(backend, lambda: policy, prompts, None, seconds)}
     runs.update({f"static:{depth}": records for depth, records in static_sweep(backend, prompts, config.env.max_depth, seconds).items()})
     for source in backend.sources[1:]:
-        for depth in range(1, config.env.max_depth + 1):
-            runs[f"static:{depth}:{source}"] = play(backend, lambda d=depth, s=source: StaticDepth(d, s), prompts, None, seconds)
+        runs.update({f"static:{depth}:{source}": records for depth, records in static_sweep(backend, prompts, config.env.max_depth, seconds, source).items()})
     if len(backend.sources) > 1:
         runs["suffix"] = play(backend, SuffixRule, prompts, None, seconds)
     if config.env.backend == "replay" and not config.env.tree:

@@ -109,9 +109,9 @@ def records_speedup(records: Sequence[PromptRecord], step_seconds: float) -> flo
     return throughput_speedup(sum(r.tokens for r in records), sum(r.seconds for r in records), step_seconds)
 
 
-def static_sweep(backend, prompts: Sequence[int], max_depth: int, decision_seconds: float) -> dict[int, list[PromptRecord]]:
-    """Every static depth 1..max_depth played on ``prompts`` of a backend: the records per depth."""
-    return {depth: play(backend, lambda d=depth: StaticDepth(d), prompts, None, decision_seconds) for depth in range(1, max_depth + 1)}
+def static_sweep(backend, prompts: Sequence[int], max_depth: int, decision_seconds: float, source: str = "model") -> dict[int, list[PromptRecord]]:
+    """Every static depth 1..max_depth (drafted by ``source``) played on ``prompts`` of a backend: the records per depth."""
+    return {depth: play(backend, lambda d=depth: StaticDepth(d, source), prompts, None, decision_seconds) for depth in range(1, max_depth + 1)}
 
 
 def static_speedups(backend, prompts: Sequence[int], max_depth: int, decision_seconds: float) -> dict[int, float]:
