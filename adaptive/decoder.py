@@ -92,12 +92,13 @@ class ChainGeneration(Generation):
         self._copy_done = False
         """copy+model rounds: the copy drafter ran out of proposals; the model drafts on."""
 
-    def _read_context(self, draft) -> None:
+    def _read_context(self, draft) -> torch.Tensor:
         t0 = self.decoder.clock()
         self._context_row = draft.forward(self.tokens[draft.length :])[-1]
         seconds = self.decoder.clock() - t0
         self._drafted.draft_time += seconds
         self._drafted.forward_time += seconds
+        return self._context_row
 
     def _drafting(self):
         """The session that drafts the next step under this round's source."""

@@ -22,10 +22,11 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel
-from adaptive.copy_draft import MODEL_FREE, CopySession
+from adaptive.copy_draft import MODEL_FREE, CopySession, proposes
 from adaptive.drafts import Draft, draft_session, target_taps
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, SOURCES, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
+from adaptive.sampling import draft_features
 
 
 class Clock:
@@ -157,7 +158,7 @@ class Generation(ABC):
     def _begin_round(self) -> None:
         for draft in self.decoder.drafts:
             draft.begin_round()
-        self.source, self.copy_match = "model", 0
+        self.source, self.copy_match, self.copy_first = "model", 0, (0.0, 0.0)
         self.max_depth = self._cap(self.decoder.draft)
 
     def _cap(self, *drafts) -> int:
@@ -167,14 +168,17 @@ class Generation(ABC):
 
     def choose_source(self, policy: DraftPolicy) -> float:
         """Before drafting, when the decoder has a copy drafter beside the draft model: let the policy pick
-        what drafts this round, having shown it the copy drafter's match length here. Returns the seconds the
-        policy took."""
+        what drafts this round, having shown it the copy drafter's match length and first proposal here.
+        Returns the seconds the policy took."""
         copy = self.decoder.copy
         if copy is None:
             return 0.0
-        self._read_context(copy)
+        row = self._read_context(copy)
         self.copy_match = copy.match_lengths[-1]
-        t0 = self.decoder.clock()
+        t0 = self.decoder.clock()  # the first proposal's features are part of what the policy is shown
+        if proposes(row):
+            _, top1, entropy, _ = draft_features(row[None])[0]
+            self.copy_first = (top1, entropy)
         source = policy.source(self.state())
         seconds = self.decoder.clock() - t0
         if source not in SOURCES:
@@ -183,9 +187,9 @@ class Generation(ABC):
         self.max_depth = self._cap(*{"model": (self.decoder.draft,), "copy": (copy,), "copy+model": (copy, self.decoder.draft)}[source])
         return seconds
 
-    def _read_context(self, draft) -> None:
-        """Bring a draft session up to the confirmed tokens before the round drafts (chain rounds keep its
-        last row for the first step)."""
+    def _read_context(self, draft) -> torch.Tensor:
+        """Bring a draft session up to the confirmed tokens before the round drafts and return its last row
+        (chain rounds keep it for the first step)."""
         raise NotImplementedError(f"{type(self).__name__} drafts with its draft model only")
 
     @property
@@ -205,7 +209,14 @@ class Generation(ABC):
     def state(self) -> DraftState:
         """What a policy knows now."""
         return DraftState(
-            len(self.tokens), self.steps(), self.max_depth, tuple(self.recent[-RECENT_ROUNDS:]), self.copy_match, self.source, len(self.output.tokens)
+            len(self.tokens),
+            self.steps(),
+            self.max_depth,
+            tuple(self.recent[-RECENT_ROUNDS:]),
+            self.copy_match,
+            self.source,
+            len(self.output.tokens),
+            self.copy_first,
         )
 
     @abstractmethod

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from adaptive.observation import COPY_SCHEMA_VERSION, ObservationBuilder, ObservationSchema
+from adaptive.observation import ObservationBuilder, ObservationSchema
 from adaptive.policy import SOURCES, BasePolicy, DraftState
 
 FORMAT = "adaptive-draft/policy/1"
@@ -75,15 +75,14 @@ class LearnedPolicy(BasePolicy):
         self._size_layers = None if size_net is None else _numpy_layers(self.size_net)
         self._source_layers = None if source_net is None else _numpy_layers(self.source_net)
         self.metadata = metadata
-        self.schema = ObservationSchema(metadata["schema"]["max_depth"], copy=metadata["schema"]["version"] == COPY_SCHEMA_VERSION)
-        self.schema.check(metadata["schema"])
+        self.schema = ObservationSchema.of(metadata["schema"])
         self._builder = ObservationBuilder(self.schema, metadata["profile"]["c"], metadata["profile"]["g"])
         self.name = metadata.get("name", "learned")
 
     def observation(self, state: DraftState) -> np.ndarray:
         """The observation the environment would have shown in this state."""
         builder = self._builder
-        builder.new_round(state.recent_accepted, state.source, state.copy_match)
+        builder.new_round(state.recent_accepted, state.source, state.copy_match, state.copy_first)
         for depth, step in enumerate(state.steps[: self.schema.max_depth], start=1):
             builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length)
         depth = min(state.depth, self.schema.max_depth)

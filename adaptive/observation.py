@@ -19,9 +19,16 @@ Version 2 (``copy=True``: a copy drafter beside the draft model) appends:
 * ``step_{i}_match``: the match length behind draft step i / 16 (0 for a model's step or a step not drafted)
 * ``generated``: tokens generated so far in this output / 256
 
+Version 3 (copy, the default) adds, after ``copy_match``, what the copy drafter would propose first, known
+before the source decision at no cost (its continuation counts at the round's start):
+
+* ``copy_top1``: the share of that proposal among the match's continuations (0: no match)
+* ``copy_entropy``: the entropy of those continuation frequencies / 10 nats
+
 A policy stores :meth:`ObservationSchema.describe` with its weights; :meth:`ObservationSchema.check`
-refuses a policy trained on another schema, naming the difference (a version-1 policy keeps loading for
-decoders without a copy drafter).
+refuses a policy trained on another schema, naming the difference. :meth:`ObservationSchema.of` rebuilds
+the schema a policy was trained on, so version-1 and version-2 policies keep loading and see the
+observations they were trained on.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from adaptive.policy import RECENT_ROUNDS
 
 SCHEMA_NAME = "adaptive-draft/observation"
 SCHEMA_VERSION = 1
-COPY_SCHEMA_VERSION = 2
+COPY_SCHEMA_VERSION = 3
+COPY_SCHEMA_VERSIONS = (2, 3)
+"""Versions with the copy drafter's fields; 2 lacks its first proposal's frequency and entropy."""
 MATCH_SCALE = 16.0
 GENERATED_SCALE = 256.0
 RECENT = RECENT_ROUNDS
@@ -56,27 +65,49 @@ class ObservationSchema:
 
     max_depth: int
     copy: bool = False
-    """Version 2: the copy drafter's fields too."""
+    """The copy drafter's fields too (versions 2 and 3)."""
+    copy_version: int = COPY_SCHEMA_VERSION
+    """With ``copy``: which of :data:`COPY_SCHEMA_VERSIONS` (older ones only to run policies trained on them)."""
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        if self.copy_version not in COPY_SCHEMA_VERSIONS:
+            raise ValueError(f"copy_version must be one of {COPY_SCHEMA_VERSIONS}, got {self.copy_version}")
+
+    @classmethod
+    def of(cls, described: dict) -> ObservationSchema:
+        """The schema a saved policy was trained on, from its :meth:`describe` (then :meth:`check`-ed)."""
+        version = described.get("version")
+        if version != SCHEMA_VERSION and version not in COPY_SCHEMA_VERSIONS:
+            known = ", ".join(str(v) for v in (SCHEMA_VERSION, *COPY_SCHEMA_VERSIONS))
+            raise SchemaMismatch(f"observation schema version {version!r} is unknown to this release (known: {known}); retrain the policy")
+        copy = version in COPY_SCHEMA_VERSIONS
+        schema = cls(described.get("max_depth", 0), copy=copy, **({"copy_version": version} if copy else {}))
+        schema.check(described)
+        return schema
 
     @property
     def version(self) -> int:
-        return COPY_SCHEMA_VERSION if self.copy else SCHEMA_VERSION
+        return self.copy_version if self.copy else SCHEMA_VERSION
+
+    @property
+    def copy_head(self) -> int:
+        """Fields of the copy block before the per-step match lengths."""
+        return 5 if self.copy_version >= 3 else 3
 
     @property
     def names(self) -> list[str]:
         steps = [f"step_{i}_{kind}" for i in range(1, self.max_depth + 1) for kind in ("top1", "entropy", "cum_logprob")]
         names = ["depth", "cap", "context", *steps, *[f"recent_{j}" for j in range(1, RECENT + 1)], "c", "g_now", "g_next"]
         if self.copy:
-            names += ["source_copy", "source_copy_model", "copy_match", *[f"step_{i}_match" for i in range(1, self.max_depth + 1)], "generated"]
+            first = ["copy_top1", "copy_entropy"] if self.copy_head == 5 else []
+            names += ["source_copy", "source_copy_model", "copy_match", *first, *[f"step_{i}_match" for i in range(1, self.max_depth + 1)], "generated"]
         return names
 
     @property
     def size(self) -> int:
-        return 3 + 3 * self.max_depth + RECENT + 3 + (4 + self.max_depth if self.copy else 0)
+        return 3 + 3 * self.max_depth + RECENT + 3 + (self.copy_head + self.max_depth + 1 if self.copy else 0)
 
     def describe(self) -> dict:
         """JSON-ready identity of this schema (stored with trained policies)."""
@@ -107,12 +138,14 @@ class ObservationBuilder:
         self.g = list(g) + [g[-1]] * max(0, schema.max_depth + 2 - len(g))
         self._steps = np.zeros(3 * schema.max_depth, dtype=np.float32)
         self._recent = np.zeros(RECENT, dtype=np.float32)
-        self._copy = np.zeros(3 + schema.max_depth if schema.copy else 0, dtype=np.float32)
-        """Version 2: source one-hot, copy match, per-step match lengths."""
+        self._head = schema.copy_head if schema.copy else 0
+        self._copy = np.zeros(self._head + schema.max_depth if schema.copy else 0, dtype=np.float32)
+        """Versions 2 and 3: source one-hot, copy match, (3:) first proposal's share and entropy, per-step match lengths."""
 
-    def new_round(self, recent: Sequence[int], source: str = "model", copy_match: int = 0) -> None:
-        """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first; ``source`` and
-        ``copy_match`` (version 2) what drafts the round and the copy drafter's match length where it starts."""
+    def new_round(self, recent: Sequence[int], source: str = "model", copy_match: int = 0, copy_first: tuple[float, float] = (0.0, 0.0)) -> None:
+        """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first; ``source``,
+        ``copy_match`` and ``copy_first`` (copy schemas) what drafts the round, the copy drafter's match length
+        where it starts and its first proposal's (share, entropy)."""
         self._steps[:] = 0.0
         self._recent[:] = 0.0
         last = list(recent[-RECENT:])[::-1]
@@ -121,6 +154,8 @@ class ObservationBuilder:
             self._copy[:] = 0.0
             self._copy[0], self._copy[1] = source == "copy", source == "copy+model"
             self._copy[2] = copy_match / MATCH_SCALE
+            if self._head == 5:
+                self._copy[3], self._copy[4] = copy_first[0], copy_first[1] / NATS_SCALE
 
     def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float, match_length: int = 0) -> None:
         """Record the features of draft step ``depth`` (1-based)."""
@@ -129,7 +164,7 @@ class ObservationBuilder:
         self._steps[i + 1] = entropy / NATS_SCALE
         self._steps[i + 2] = max(-1.0, cumulative_log_prob / NATS_SCALE)
         if self.schema.copy:
-            self._copy[2 + depth] = match_length / MATCH_SCALE
+            self._copy[self._head - 1 + depth] = match_length / MATCH_SCALE
 
     def build(self, depth: int, cap: int, context_length: int, generated: int = 0) -> np.ndarray:
         """The observation vector now, clipped to [-BOUND, BOUND]."""

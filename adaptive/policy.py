@@ -66,6 +66,9 @@ class DraftState:
     """What drafts this round (:data:`SOURCES`)."""
     generated: int = 0
     """Tokens generated so far in this output."""
+    copy_first: tuple[float, float] = (0.0, 0.0)
+    """With a copy drafter: its first proposal's share among the match's continuations and their entropy in
+    nats, known before the round drafts ((0, 0): no match, or no copy drafter)."""
 
     @property
     def depth(self) -> int:

@@ -79,6 +79,12 @@ class Backend(ABC):
         """The copy drafter's match length at the current position (0 without a copy drafter)."""
         return 0
 
+    @property
+    def copy_first(self) -> tuple[float, float]:
+        """The copy drafter's first proposal here: its share among the match's continuations and their
+        entropy in nats ((0, 0) without a match or a copy drafter)."""
+        return (0.0, 0.0)
+
     def choose_source(self, source: str) -> None:
         """Before the round's first draft step: what drafts it (one of :attr:`sources`)."""
         if source not in self.sources:

@@ -166,7 +166,14 @@ class SpecDecodeEnv(gym.Env):
         """The decision-time state as the decoder would show it to a :class:`DraftPolicy`."""
         backend = self.backend
         return DraftState(
-            backend.context_length, tuple(self._steps), backend.cap, tuple(backend.recent[-RECENT:]), backend.copy_match, self._source, backend.generated
+            backend.context_length,
+            tuple(self._steps),
+            backend.cap,
+            tuple(backend.recent[-RECENT:]),
+            backend.copy_match,
+            self._source,
+            backend.generated,
+            backend.copy_first,
         )
 
     # --- internals -------------------------------------------------------------------------------------
@@ -191,7 +198,7 @@ class SpecDecodeEnv(gym.Env):
             self._steps = []
             self._decisions = 0
             self._source = "model"
-            self._builder.new_round(backend.recent, "model", backend.copy_match)
+            self._builder.new_round(backend.recent, "model", backend.copy_match, backend.copy_first)
             if backend.cap == 0:  # one token left in the budget: a plain target step
                 self._finish_round(0)
                 continue
@@ -235,7 +242,7 @@ class SpecDecodeEnv(gym.Env):
         self._source = source
         if len(self.backend.sources) > 1:
             self.backend.choose_source(source)
-            self._builder.new_round(self.backend.recent, source, self.backend.copy_match)
+            self._builder.new_round(self.backend.recent, source, self.backend.copy_match, self.backend.copy_first)
 
     def _partner_continues(self) -> bool:
         if self.partner is None:

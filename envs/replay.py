@@ -159,6 +159,13 @@ class ReplayBackend(TraceReplay):
         i = self._start + self._t
         return self._copy_lengths[i][0] if self._copy_available[i] else 0
 
+    @property
+    def copy_first(self) -> tuple[float, float]:
+        if len(self.sources) == 1:
+            return (0.0, 0.0)
+        i = self._start + self._t
+        return tuple(self._copy_features[i][0][:2]) if self._copy_available[i] else (0.0, 0.0)
+
     def choose_source(self, source: str) -> None:
         super().choose_source(source)
         self._source = source

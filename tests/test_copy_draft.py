@@ -284,6 +284,38 @@ def test_replay_of_copy_sources_reproduces_live_rounds(copy_traces, target, near
         )
 
 
+class SourceSpy(StaticDepth):
+    """static:4 drafting with the copy drafter, noting what each source decision is shown."""
+
+    def __init__(self) -> None:
+        super().__init__(4, source="copy")
+        self.shown: list[tuple[int, int, tuple[float, float]]] = []
+
+    def source(self, state: DraftState) -> str:
+        self.shown.append((state.context_length, state.copy_match, state.copy_first))
+        return super().source(state)
+
+
+def test_a_source_decision_is_shown_the_copy_drafters_first_proposal_alike_live_and_in_replay(copy_traces, target, near_draft):
+    """Before a round drafts, the policy sees the copy drafter's match length and its first proposal's share
+    and entropy: read from the session live, from the recorded chain in replay, the same at every round."""
+    from conftest import flat_profile
+
+    from envs.replay import ReplayBackend
+    from envs.rollout import run_policy
+
+    replayed, live = SourceSpy(), SourceSpy()
+    run_policy(ReplayBackend(copy_traces, flat_profile(), max_depth=8), replayed, list(range(len(COPY_PROMPTS))), decision_seconds=0.0)
+    decoder = SpeculativeDecoder(target, near_draft, live, max_depth=8, copy=CopyDraft())
+    for prompt in COPY_PROMPTS:
+        decoder.generate(prompt, 40)
+    assert [(n, m) for n, m, _ in replayed.shown] == [(n, m) for n, m, _ in live.shown]
+    np.testing.assert_allclose([f for *_, f in replayed.shown], [f for *_, f in live.shown], atol=2e-3)
+    shares = [share for _, match, (share, _) in live.shown if match]
+    assert shares and all(0.0 < share <= 1.0 for share in shares) and any(share < 1.0 for share in shares)
+    assert all(first == (0.0, 0.0) for _, match, first in live.shown if not match)
+
+
 def test_replay_of_prompt_lookup_chains_reproduces_live_prompt_lookup(copy_traces, target):
     """The prompt-lookup chains recorded beside the copy drafter's, replayed as the copy source at the depth
     cap, give the rounds of live decoding with transformers' prompt lookup as the draft."""
@@ -320,7 +352,7 @@ def test_source_decisions_pass_the_gymnasium_checker_and_refuse_a_backend_withou
     from envs.replay import ReplayBackend
 
     env = SpecDecodeEnv(ReplayBackend(copy_traces, flat_profile(), max_depth=8), "source", partner=make_policy("static:4"))
-    assert env.action_space.n == 3 and env.schema.version == 2
+    assert env.action_space.n == 3 and env.schema.version == 3
     check_env(env, skip_render_check=True)
     observation, _ = env.reset(seed=0, options={"prompt": 0})
     _, reward, terminated, _, info = env.step(1)  # the copy drafter drafts the round, up to the partner's 4

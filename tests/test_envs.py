@@ -145,6 +145,30 @@ def test_observation_schema_is_versioned_and_checked():
     assert len(schema.names) == schema.size == envs.make_synthetic_env().observation_space.shape[0]
 
 
+def test_copy_schemas_of_every_version_rebuild_from_a_saved_description():
+    """Schema 3 (the copy drafter's first proposal at the source decision) is what environments produce;
+    a version-2 policy keeps loading and is shown its own layout; an unknown version is refused by name."""
+    from adaptive.observation import ObservationBuilder
+
+    latest, former = ObservationSchema(4, copy=True), ObservationSchema(4, copy=True, copy_version=2)
+    assert latest.version == 3 and former.version == 2 and latest.size == former.size + 2
+    assert latest.names[: former.names.index("copy_match") + 1] == former.names[: former.names.index("copy_match") + 1]
+    for schema in (latest, former, ObservationSchema(4)):
+        assert ObservationSchema.of(schema.describe()) == schema
+    vectors = {}
+    for schema in (latest, former):
+        builder = ObservationBuilder(schema, 0.1, [1.0] * 8)
+        builder.new_round([2, 3], "copy", 12, (0.75, 0.5))
+        builder.add_step(1, 0.75, 0.5, -0.3, 12)
+        vectors[schema.version] = dict(zip(schema.names, builder.build(1, 4, 100, 7)))
+    assert vectors[3]["copy_top1"] == 0.75 and vectors[3]["copy_entropy"] == pytest.approx(0.05)
+    assert {k: v for k, v in vectors[3].items() if k not in ("copy_top1", "copy_entropy")} == vectors[2]
+    with pytest.raises(SchemaMismatch, match="version 7 is unknown"):
+        ObservationSchema.of({**latest.describe(), "version": 7})
+    with pytest.raises(SchemaMismatch, match="size"):  # a description that contradicts its version
+        ObservationSchema.of({**latest.describe(), "version": 2})
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="decision must be one of"):
         envs.make_synthetic_env(decision="width")

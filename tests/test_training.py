@@ -211,7 +211,7 @@ def profile_document(c: float = 0.1, copy_ms: float = 0.05) -> dict:
 
 def test_a_source_policy_co_trains_with_the_depth_policy_and_drives_the_decoder(tmp_path, target, near_draft):
     """Replay of traces holding the copy drafter's chains: a source phase, then a depth phase partnered with it;
-    the exported policy (observation schema 2) picks sources in the live decoder, whose output stays greedy."""
+    the exported policy (observation schema 3) picks sources in the live decoder, whose output stays greedy."""
     from adaptive.copy_draft import CopyDraft
     from adaptive.recorder import record
 
@@ -235,7 +235,7 @@ def test_a_source_policy_co_trains_with_the_depth_policy_and_drives_the_decoder(
     evaluation = json.loads((tmp_path / "run" / "evaluation.json").read_text())
     assert {"learned", "static:4", "static:4:copy", "static:4:copy+model", "suffix", "oracle (model draft)"} <= set(evaluation)
     policy = load_policy(final)
-    assert policy.source_net is not None and policy.metadata["schema"]["version"] == 2
+    assert policy.source_net is not None and policy.metadata["schema"]["version"] == 3
     live = SpeculativeDecoder(target, near_draft, policy, max_depth=4, copy=CopyDraft())
     for prompt in prompts:
         result = live.generate(prompt, 30)
