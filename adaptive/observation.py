@@ -92,16 +92,21 @@ class ObservationSchema:
         return self.copy_version if self.copy else SCHEMA_VERSION
 
     @property
+    def shows_copy_first(self) -> bool:
+        """Version 3: the copy drafter's first proposal (share, entropy) is part of the observation."""
+        return self.copy and self.copy_version >= 3
+
+    @property
     def copy_head(self) -> int:
-        """Fields of the copy block before the per-step match lengths."""
-        return 5 if self.copy_version >= 3 else 3
+        """Fields of the copy block before the per-step match lengths (0 without the copy drafter)."""
+        return (3 + 2 * self.shows_copy_first) if self.copy else 0
 
     @property
     def names(self) -> list[str]:
         steps = [f"step_{i}_{kind}" for i in range(1, self.max_depth + 1) for kind in ("top1", "entropy", "cum_logprob")]
         names = ["depth", "cap", "context", *steps, *[f"recent_{j}" for j in range(1, RECENT + 1)], "c", "g_now", "g_next"]
         if self.copy:
-            first = ["copy_top1", "copy_entropy"] if self.copy_head == 5 else []
+            first = ["copy_top1", "copy_entropy"] if self.shows_copy_first else []
             names += ["source_copy", "source_copy_model", "copy_match", *first, *[f"step_{i}_match" for i in range(1, self.max_depth + 1)], "generated"]
         return names
 
@@ -138,7 +143,7 @@ class ObservationBuilder:
         self.g = list(g) + [g[-1]] * max(0, schema.max_depth + 2 - len(g))
         self._steps = np.zeros(3 * schema.max_depth, dtype=np.float32)
         self._recent = np.zeros(RECENT, dtype=np.float32)
-        self._head = schema.copy_head if schema.copy else 0
+        self._head = schema.copy_head
         self._copy = np.zeros(self._head + schema.max_depth if schema.copy else 0, dtype=np.float32)
         """Versions 2 and 3: source one-hot, copy match, (3:) first proposal's share and entropy, per-step match lengths."""
 
@@ -154,7 +159,7 @@ class ObservationBuilder:
             self._copy[:] = 0.0
             self._copy[0], self._copy[1] = source == "copy", source == "copy+model"
             self._copy[2] = copy_match / MATCH_SCALE
-            if self._head == 5:
+            if self.schema.shows_copy_first:
                 self._copy[3], self._copy[4] = copy_first[0], copy_first[1] / NATS_SCALE
 
     def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float, match_length: int = 0) -> None:
