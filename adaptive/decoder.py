@@ -154,7 +154,7 @@ class ChainGeneration(Generation):
             steps.append(replace(_draft_steps(logits[None], None if sampled is None else sampled[None], steps)[0], match_length=match))
         else:
             self._deferred_logits.append(logits)
-            steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES, match))
+            steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES, match, math.nan))
         drafted.draft_time += clock() - t0
         return steps[-1]
 
@@ -242,9 +242,9 @@ def _draft_steps(logits: torch.Tensor, tokens: torch.Tensor | None, previous: li
     """DraftSteps for ``[n, V]`` logits, continuing the cumulative log-probability of ``previous``."""
     cumulative = previous[-1].cumulative_log_prob if previous else 0.0
     steps = []
-    for token, top1, entropy, log_prob in draft_features(logits, tokens):
+    for token, top1, entropy, log_prob, margin in draft_features(logits, tokens):
         cumulative += log_prob
-        steps.append(DraftStep(token, top1, entropy, log_prob, cumulative))
+        steps.append(DraftStep(token, top1, entropy, log_prob, cumulative, margin=margin))
     return steps
 
 

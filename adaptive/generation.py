@@ -177,7 +177,7 @@ class Generation(ABC):
         self.copy_match = copy.match_lengths[-1]
         t0 = self.decoder.clock()  # the first proposal's features are part of what the policy is shown
         if proposes(row):
-            _, top1, entropy, _ = draft_features(row[None])[0]
+            _, top1, entropy, _, _ = draft_features(row[None])[0]
             self.copy_first = (top1, entropy)
         source = policy.source(self.state())
         seconds = self.decoder.clock() - t0

@@ -84,7 +84,7 @@ class LearnedPolicy(BasePolicy):
         builder = self._builder
         builder.new_round(state.recent_accepted, state.source, state.copy_match, state.copy_first)
         for depth, step in enumerate(state.steps[: self.schema.max_depth], start=1):
-            builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length)
+            builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length, step.margin)
         depth = min(state.depth, self.schema.max_depth)
         return builder.build(depth, min(state.max_depth, self.schema.max_depth), state.context_length, state.generated)
 

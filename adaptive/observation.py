@@ -25,9 +25,13 @@ before the source decision at no cost (its continuation counts at the round's st
 * ``copy_top1``: the share of that proposal among the match's continuations (0: no match)
 * ``copy_entropy``: the entropy of those continuation frequencies / 10 nats
 
+Version 4 (the default, with or without the copy drafter's fields of version 3) adds to every draft step:
+
+* ``step_{i}_margin``: the draft's top-1 minus top-2 probability at step i (0 for steps not drafted yet)
+
 A policy stores :meth:`ObservationSchema.describe` with its weights; :meth:`ObservationSchema.check`
 refuses a policy trained on another schema, naming the difference. :meth:`ObservationSchema.of` rebuilds
-the schema a policy was trained on, so version-1 and version-2 policies keep loading and see the
+the schema a policy was trained on, so policies of every earlier version keep loading and see the
 observations they were trained on.
 """
 
@@ -41,10 +45,11 @@ import numpy as np
 from adaptive.policy import RECENT_ROUNDS
 
 SCHEMA_NAME = "adaptive-draft/observation"
-SCHEMA_VERSION = 1
-COPY_SCHEMA_VERSION = 3
-COPY_SCHEMA_VERSIONS = (2, 3)
-"""Versions with the copy drafter's fields; 2 lacks its first proposal's frequency and entropy."""
+SCHEMA_VERSION = 4
+"""The latest version: what new policies are trained on."""
+VERSIONS = {False: (1, 4), True: (2, 3, 4)}
+"""Versions without and with the copy drafter's fields (2 lacks its first proposal's share and entropy;
+1 to 3 lack the steps' margins)."""
 MATCH_SCALE = 16.0
 GENERATED_SCALE = 256.0
 RECENT = RECENT_ROUNDS
@@ -65,36 +70,43 @@ class ObservationSchema:
 
     max_depth: int
     copy: bool = False
-    """The copy drafter's fields too (versions 2 and 3)."""
-    copy_version: int = COPY_SCHEMA_VERSION
-    """With ``copy``: which of :data:`COPY_SCHEMA_VERSIONS` (older ones only to run policies trained on them)."""
+    """The copy drafter's fields too (versions 2 to 4)."""
+    version: int = SCHEMA_VERSION
+    """One of :data:`VERSIONS` (older ones to run policies trained on them, or on traces without margins)."""
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
-        if self.copy_version not in COPY_SCHEMA_VERSIONS:
-            raise ValueError(f"copy_version must be one of {COPY_SCHEMA_VERSIONS}, got {self.copy_version}")
+        if self.version not in VERSIONS[self.copy]:
+            kind = "with" if self.copy else "without"
+            raise ValueError(f"observation schema version must be one of {VERSIONS[self.copy]} {kind} the copy drafter, got {self.version}")
 
     @classmethod
     def of(cls, described: dict) -> ObservationSchema:
         """The schema a saved policy was trained on, from its :meth:`describe` (then :meth:`check`-ed)."""
         version = described.get("version")
-        if version != SCHEMA_VERSION and version not in COPY_SCHEMA_VERSIONS:
-            known = ", ".join(str(v) for v in (SCHEMA_VERSION, *COPY_SCHEMA_VERSIONS))
+        known = sorted(set(VERSIONS[False] + VERSIONS[True]))
+        if version not in known:
             raise SchemaMismatch(f"observation schema version {version!r} is unknown to this release (known: {known}); retrain the policy")
-        copy = version in COPY_SCHEMA_VERSIONS
-        schema = cls(described.get("max_depth", 0), copy=copy, **({"copy_version": version} if copy else {}))
+        copy = "source_copy" in described.get("fields", ())
+        schema = cls(described.get("max_depth", 0), copy=copy, version=version)
         schema.check(described)
         return schema
 
     @property
-    def version(self) -> int:
-        return self.copy_version if self.copy else SCHEMA_VERSION
+    def shows_copy_first(self) -> bool:
+        """Versions 3 and 4: the copy drafter's first proposal (share, entropy) is part of the observation."""
+        return self.copy and self.version >= 3
 
     @property
-    def shows_copy_first(self) -> bool:
-        """Version 3: the copy drafter's first proposal (share, entropy) is part of the observation."""
-        return self.copy and self.copy_version >= 3
+    def shows_margins(self) -> bool:
+        """Version 4: every draft step's margin (top-1 minus top-2 probability) is part of the observation."""
+        return self.version >= 4
+
+    @property
+    def step_width(self) -> int:
+        """Fields per draft step."""
+        return 3 + self.shows_margins
 
     @property
     def copy_head(self) -> int:
@@ -103,7 +115,8 @@ class ObservationSchema:
 
     @property
     def names(self) -> list[str]:
-        steps = [f"step_{i}_{kind}" for i in range(1, self.max_depth + 1) for kind in ("top1", "entropy", "cum_logprob")]
+        kinds = ("top1", "entropy", "cum_logprob", "margin")[: self.step_width]
+        steps = [f"step_{i}_{kind}" for i in range(1, self.max_depth + 1) for kind in kinds]
         names = ["depth", "cap", "context", *steps, *[f"recent_{j}" for j in range(1, RECENT + 1)], "c", "g_now", "g_next"]
         if self.copy:
             first = ["copy_top1", "copy_entropy"] if self.shows_copy_first else []
@@ -112,7 +125,7 @@ class ObservationSchema:
 
     @property
     def size(self) -> int:
-        return 3 + 3 * self.max_depth + RECENT + 3 + (self.copy_head + self.max_depth + 1 if self.copy else 0)
+        return 3 + self.step_width * self.max_depth + RECENT + 3 + (self.copy_head + self.max_depth + 1 if self.copy else 0)
 
     def describe(self) -> dict:
         """JSON-ready identity of this schema (stored with trained policies)."""
@@ -141,11 +154,12 @@ class ObservationBuilder:
         self.schema = schema
         self.c = c
         self.g = list(g) + [g[-1]] * max(0, schema.max_depth + 2 - len(g))
-        self._steps = np.zeros(3 * schema.max_depth, dtype=np.float32)
+        self._width = schema.step_width
+        self._steps = np.zeros(self._width * schema.max_depth, dtype=np.float32)
         self._recent = np.zeros(RECENT, dtype=np.float32)
         self._head = schema.copy_head
         self._copy = np.zeros(self._head + schema.max_depth if schema.copy else 0, dtype=np.float32)
-        """Versions 2 and 3: source one-hot, copy match, (3:) first proposal's share and entropy, per-step match lengths."""
+        """Copy schemas: source one-hot, copy match, (3, 4:) first proposal's share and entropy, per-step match lengths."""
 
     def new_round(self, recent: Sequence[int], source: str = "model", copy_match: int = 0, copy_first: tuple[float, float] = (0.0, 0.0)) -> None:
         """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first; ``source``,
@@ -162,12 +176,16 @@ class ObservationBuilder:
             if self.schema.shows_copy_first:
                 self._copy[3], self._copy[4] = copy_first[0], copy_first[1] / NATS_SCALE
 
-    def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float, match_length: int = 0) -> None:
+    def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float, match_length: int = 0, margin: float = 0.0) -> None:
         """Record the features of draft step ``depth`` (1-based)."""
-        i = 3 * (depth - 1)
+        i = self._width * (depth - 1)
         self._steps[i] = top1
         self._steps[i + 1] = entropy / NATS_SCALE
         self._steps[i + 2] = max(-1.0, cumulative_log_prob / NATS_SCALE)
+        if self.schema.shows_margins:
+            if margin != margin:  # NaN: traces recorded before margins were (the environment refuses them first)
+                raise ValueError(f"draft step {depth} has no margin, which observation schema version {self.schema.version} shows")
+            self._steps[i + 3] = margin
         if self.schema.copy:
             self._copy[self._head - 1 + depth] = match_length / MATCH_SCALE
 

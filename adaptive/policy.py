@@ -46,6 +46,8 @@ class DraftStep:
     """Sum of log_prob over this round's steps so far."""
     match_length: int = 0
     """A copy drafter's: how many context tokens the match it copies from spans (0 for model drafts)."""
+    margin: float = 0.0
+    """Top-1 minus top-2 probability of the draft's next-token distribution."""
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,12 @@ from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, PromptLookupDraft, proposes
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft, HeadSession, draft_session, target_taps, teacher_forced
-from adaptive.sampling import GREEDY, SamplingConfig, draft_features, sample, sampling_distribution
+from adaptive.sampling import GREEDY, STEP_FEATURES, SamplingConfig, draft_features, sample, sampling_distribution
 from adaptive.traces import CopyTrace, TraceSet
 from adaptive.tree import attention_mask
 from adaptive.verification import acceptance_probabilities, residual_correction
+
+FEATURES = len(STEP_FEATURES)
 
 
 @torch.inference_mode()
@@ -80,14 +82,14 @@ def _check_prompt(draft: Draft, prompt_length: int) -> None:
 
 @torch.inference_mode()
 def draft_trace(target: PreTrainedModel, draft: nn.Module, prompt: list[int], output: list[int], depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Match lengths ``[N]`` and step features ``[N, depth, 3]`` of the draft's greedy continuations (the
+    """Match lengths ``[N]`` and step features ``[N, depth, 4]`` of the draft's greedy continuations (the
     target is read only by a draft that drafts from its hidden states)."""
     n, p = len(output), len(prompt)
     _check_prompt(draft, p)
     session, logits = teacher_forced(target, draft, prompt + output)
     first = draft_features(logits[p - 1 : p - 1 + n])
     first_tokens = [f[0] for f in first]
-    features = np.zeros((n, depth, 3), dtype=np.float32)
+    features = np.zeros((n, depth, FEATURES), dtype=np.float32)
     features[:, 0] = [f[1:] for f in first]
     # A draft that reads only tokens drafts after a hit d(t) = y[t] exactly as it drafts at t + 1, so only misses
     # need rollouts of their own; a head reads its own state after d(t) but the target's at t + 1: all do.
@@ -121,12 +123,12 @@ def _rollouts(
     """Draft ``steps`` more tokens for each row, all rows in one masked forward per step appended to the
     session's cache: row r sees the first ``contexts[r]`` cached tokens and then its own tokens, starting
     with ``first_tokens[r]`` (at position ``contexts[r]``). Greedy picks the arg-max, otherwise tokens are
-    drawn from the sampling distribution. Returns features ``[rows, steps, 3]``, the drafted tokens
+    drawn from the sampling distribution. Returns features ``[rows, steps, 4]``, the drafted tokens
     ``[rows, steps]`` and the probability each had under the draft's sampling distribution."""
     rows = len(contexts)
     own: list[list[int]] = [[] for _ in range(rows)]
     tokens = list(first_tokens)
-    out = np.zeros((rows, steps, 3), dtype=np.float32)
+    out = np.zeros((rows, steps, FEATURES), dtype=np.float32)
     drafted, probs = [], []
     for j in range(steps):
         cached = session.length
@@ -153,7 +155,7 @@ def copy_trace(copy: CopyDraft | PromptLookupDraft, vocab_size: int, prompt: lis
     session reads the output once and drafts each chain on top, rolled back after (a rollback starts a new
     round, where prompt lookup looks the context up afresh, as in decoding)."""
     n = len(output)
-    trace = CopyTrace(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, depth, 3), np.float32), np.zeros((n, depth), np.int64))
+    trace = CopyTrace(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, depth, FEATURES), np.float32), np.zeros((n, depth), np.int64))
     session = copy.session(vocab_size, torch.device("cpu"))
     row = session.forward(prompt)[-1]
     for t in range(n):
@@ -184,8 +186,8 @@ def sampled_trace(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For T > 0, along an output sampled from the target: per position j the acceptance probability a_j =
     min(1, q_j(o_j) / p_j(o_j)) ``[N]``; the features of proposing o_j at each step of a round that accepts
-    every step ``[N, depth, 3]`` (step k of a round at j is position j + k's); and the features of a round
-    whose first step is rejected at j ``[N, depth, 3]``: a proposal drawn from norm(max(q_j − p_j, 0)),
+    every step ``[N, depth, 4]`` (step k of a round at j is position j + k's); and the features of a round
+    whose first step is rejected at j ``[N, depth, 4]``: a proposal drawn from norm(max(q_j − p_j, 0)),
     then the draft's sampled continuation after it. One teacher-forced forward of each model, then
     ``depth - 1`` batched draft steps."""
     n, p = len(output), len(prompt)
@@ -203,11 +205,11 @@ def sampled_trace(
     # The coupling seen from the emitted side: the verification rules with p and q swapped.
     accept = acceptance_probabilities(draft_q, target_p, emitted)  # min(1, q_j(o_j) / p_j(o_j))
     rejected = sample(residual_correction(draft_q, target_p), generator)  # norm(max(q_j - p_j, 0)); unused where a_j = 1
-    accepting = np.zeros((n, depth, 3), dtype=np.float32)
+    accepting = np.zeros((n, depth, FEATURES), dtype=np.float32)
     along = np.array([f[1:] for f in draft_features(draft_logits, emitted)], dtype=np.float32)
     for k in range(depth):
         accepting[: n - k, k] = along[k:]
-    rejecting = np.zeros((n, depth, 3), dtype=np.float32)
+    rejecting = np.zeros((n, depth, FEATURES), dtype=np.float32)
     rejecting[:, 0] = [f[1:] for f in draft_features(draft_logits, rejected)]
     if depth > 1:
         rejecting[:, 1:] = _rollouts(session, [p + t for t in range(n)], rejected.tolist(), depth - 1, sampling, generator)[0]

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+STEP_FEATURES = ("top1", "entropy", "log_prob", "margin")
+"""What a draft step shows, in the order of :func:`draft_features` and of recorded traces' feature arrays: the
+draft's top-1 probability, its entropy in nats, the drafted token's log-probability, and the margin between
+its two most probable tokens' probabilities."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -137,7 +142,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.searchsorted(cdf, u, right=True).clamp_max(probs.shape[-1] - 1).squeeze(-1)
 
 
-def draft_features(logits: torch.Tensor, tokens: torch.Tensor | None = None) -> list[tuple[int, float, float, float]]:
+def draft_features(logits: torch.Tensor, tokens: torch.Tensor | None = None) -> list[tuple[int, float, float, float, float]]:
     """Drafted tokens and their confidence features, from the draft's untempered softmax, in one pass.
 
     Features do not depend on the sampling config, so a policy sees the same signals greedy or sampled.
@@ -147,15 +152,18 @@ def draft_features(logits: torch.Tensor, tokens: torch.Tensor | None = None) -> 
         tokens: ``[n]`` the tokens drawn from the sampling distribution; None for greedy (the arg-max).
 
     Returns:
-        Per step: (token, top-1 probability, entropy in nats, log-probability of the token).
+        Per step: (token, top-1 probability, entropy in nats, log-probability of the token, margin: top-1
+        minus top-2 probability). The four features, in this order, are :data:`STEP_FEATURES`.
     """
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
     log_probs = torch.log_softmax(logits, dim=-1)
     top_log_prob, top_token = log_probs.max(dim=-1)
     chosen = top_token if tokens is None else tokens
-    features = torch.stack([top_log_prob, torch.special.entr(log_probs.exp()).sum(dim=-1), log_probs.gather(-1, chosen[:, None])[:, 0]])
-    top, entropy, chosen_log_prob = features.tolist()
-    if any(math.isnan(value) for value in top):  # NaN or +inf logits poison the softmax; raise the precise error
+    two = torch.topk(log_probs, min(2, log_probs.shape[-1]), dim=-1).values.exp()
+    margin = two[:, 0] - two[:, 1] if two.shape[-1] > 1 else two[:, 0]
+    features = torch.stack([top_log_prob, torch.special.entr(log_probs.exp()).sum(dim=-1), log_probs.gather(-1, chosen[:, None])[:, 0], margin])
+    top1, entropy, chosen_log_prob, margin = features.tolist()
+    if any(math.isnan(value) for value in top1):  # NaN or +inf logits poison the softmax; raise the precise error
         check_logits(logits)
-    return [(token, math.exp(t), h, lp) for token, t, h, lp in zip(chosen.tolist(), top, entropy, chosen_log_prob)]
+    return [(token, math.exp(t), h, lp, m) for token, t, h, lp, m in zip(chosen.tolist(), top1, entropy, chosen_log_prob, margin)]

@@ -2,7 +2,7 @@
 
 Under greedy decoding the speculative output equals the target's greedy output y for every policy. So a
 trace stores, per prompt, y and, for every position t (context = prompt + y[:t]), the draft's greedy
-continuation's per-step features (top-1 probability, entropy, log-probability) for K steps and the match
+continuation's per-step features (:data:`~adaptive.sampling.STEP_FEATURES`) for K steps and the match
 length m(t): how many of those K tokens equal y[t:]. A round at t that verifies γ drafted tokens then
 accepts min(γ, m(t)) and emits that + 1 (fewer at the end of y). Only time has to come from elsewhere:
 a cost profile.
@@ -19,7 +19,8 @@ can draft with either drafter or with the copy drafter then the model.
 Sampled traces (T > 0, see :mod:`adaptive.recorder`) hold, along outputs sampled from the target, each
 position's acceptance probability given the output and the features of accepting and of rejecting there,
 instead of match lengths; replay draws acceptances from them, exact in distribution (format 2; sampled
-traces of format 1 held an approximation and are refused).
+traces of format 1 held an approximation and are refused). Format 3 adds each step's margin (top-1 minus
+top-2 probability) to the features; read from older files, the margin is NaN (:attr:`TraceSet.has_margins`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,25 @@ from pathlib import Path
 
 import numpy as np
 
-TRACE_FORMAT = "adaptive-draft/trace/2"
-READABLE_FORMATS = ("adaptive-draft/trace/1", TRACE_FORMAT)
-"""Greedy traces of format 1 are format 2's greedy traces; its sampled ones are refused."""
+from adaptive.sampling import STEP_FEATURES
+
+TRACE_FORMAT = "adaptive-draft/trace/3"
+READABLE_FORMATS = ("adaptive-draft/trace/1", "adaptive-draft/trace/2", TRACE_FORMAT)
+"""Greedy traces of format 1 are format 2's greedy traces; its sampled ones are refused. Formats 1 and 2 lack
+the steps' margins."""
+
+
+def with_margins(features: np.ndarray) -> np.ndarray:
+    """Step features ``[..., 4]`` (:data:`STEP_FEATURES`) as recorded, or, from files recorded before the margin
+    was (``[..., 3]``), with a NaN margin column."""
+    if features.shape[-1] == len(STEP_FEATURES):
+        return features
+    return np.concatenate([features, np.full(features.shape[:-1] + (1,), np.nan, dtype=features.dtype)], axis=-1)
+
+
+def holds_margins(features: np.ndarray) -> bool:
+    """True when every step's margin was recorded (not NaN)."""
+    return not bool(np.isnan(features[..., STEP_FEATURES.index("margin")]).any())
 
 
 def write_npz(path: str | Path, traces, arrays: dict[str, np.ndarray], file_format: str) -> None:
@@ -79,7 +96,7 @@ class CopyTrace:
     """[N] int: how many steps it proposes at t before running out of matches (at most K); a round drafting
     with it stops there."""
     features: np.ndarray
-    """[N, K, 3] float: (top-1, entropy, log-probability) of its continuation frequencies at each step (0 past ``available``)."""
+    """[N, K, 4] float: :data:`STEP_FEATURES` of its continuation frequencies at each step (0 past ``available``)."""
     lengths: np.ndarray
     """[N, K] int: the match length behind each step (0 past ``available``)."""
 
@@ -101,12 +118,13 @@ class TraceSet:
     match: np.ndarray
     """[N] int16: m(t) at every position, at most K."""
     features: np.ndarray
-    """[N, K, 3] float16: (top-1 probability, entropy in nats, log-probability) of each draft step."""
+    """[N, K, 4] float16: :data:`STEP_FEATURES` of each draft step (top-1 probability, entropy in nats,
+    log-probability, margin)."""
     accept_prob: np.ndarray | None = None
     """[N] float32, sampled traces only: a_t = min(1, q_t(o_t) / p_t(o_t)), the probability that a proposal at t
     is accepted given the output (match is unused then; ``features`` are those of proposing the output)."""
     reject_features: np.ndarray | None = None
-    """[N, K, 3] float16, sampled traces only: features of a round whose first step is rejected at t (a proposal
+    """[N, K, 4] float16, sampled traces only: features of a round whose first step is rejected at t (a proposal
     from norm(max(q_t − p_t, 0)), then the draft's continuation after it)."""
     copy: CopyTrace | None = None
     """The copy drafter's chains along the same outputs (recorded with ``--copy``); ``metadata["copy_draft"]``
@@ -120,6 +138,13 @@ class TraceSet:
     def sampled(self) -> bool:
         """True for T > 0 traces (acceptances are drawn in replay, exact in distribution)."""
         return self.accept_prob is not None
+
+    @property
+    def has_margins(self) -> bool:
+        """True when every recorded step (the model draft's, the copy drafter's, the rejecting rounds') holds its
+        margin: traces of format 3 or later."""
+        arrays = [self.features, self.reject_features, *(c.features for c in (self.copy, self.lookup) if c is not None)]
+        return all(holds_margins(a) for a in arrays if a is not None)
 
     @property
     def depth(self) -> int:
@@ -174,9 +199,9 @@ class TraceSet:
             return cls(
                 **common,
                 match=data["match"].astype(np.int64),
-                features=data["features"].astype(np.float32),
+                features=with_margins(data["features"].astype(np.float32)),
                 accept_prob=data["accept_prob"].astype(np.float32) if sampled else None,
-                reject_features=data["reject_features"].astype(np.float32) if sampled else None,
+                reject_features=with_margins(data["reject_features"].astype(np.float32)) if sampled else None,
                 copy=_chains(data, "copy"),
                 lookup=_chains(data, "lookup"),
                 metadata=metadata,
@@ -187,4 +212,5 @@ def _chains(data, prefix: str) -> CopyTrace | None:
     """A model-free drafter's chains stored under ``prefix`` in an open trace file (None when absent)."""
     if f"{prefix}_match" not in data.files:
         return None
-    return CopyTrace(*(data[f"{prefix}_{name}"].astype(np.float32 if name == "features" else np.int64) for name in CopyTrace.ARRAYS))
+    arrays = {name: data[f"{prefix}_{name}"].astype(np.float32 if name == "features" else np.int64) for name in CopyTrace.ARRAYS}
+    return CopyTrace(**{**arrays, "features": with_margins(arrays["features"])})

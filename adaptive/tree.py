@@ -58,6 +58,8 @@ class Node:
     entropy: float
     """Entropy (nats) of that distribution."""
     log_prob: float
+    margin: float
+    """Top-1 minus top-2 probability of that distribution."""
 
 
 @dataclass
@@ -75,13 +77,13 @@ class DraftTree:
         """The ``branching`` most probable tokens of ``logits`` (one row) as children of ``parent``."""
         self.add_ranked(parent, *(column[0] for column in rank_children(logits[None], branching)))
 
-    def add_ranked(self, parent: int, tokens: list[int], log_probs: list[float], top1: float, entropy: float) -> None:
+    def add_ranked(self, parent: int, tokens: list[int], log_probs: list[float], top1: float, entropy: float, margin: float) -> None:
         """Children of ``parent`` from :func:`rank_children` output (one row)."""
         base = self.nodes[parent].score if parent >= 0 else 0.0
         depth = self.nodes[parent].depth + 1 if parent >= 0 else 1
         for token, log_prob in zip(tokens, log_probs):
             if log_prob > -float("inf"):  # a reduced-vocabulary draft gives q = 0 outside its head
-                self.nodes.append(Node(int(token), parent, depth, base + log_prob, top1, entropy, log_prob))
+                self.nodes.append(Node(int(token), parent, depth, base + log_prob, top1, entropy, log_prob, margin))
 
     def frontier(self, width: int) -> list[int]:
         """The ``width`` best nodes of the deepest level."""
@@ -110,19 +112,24 @@ class DraftTree:
         return chosen
 
 
-def rank_children(logits: torch.Tensor, branching: int, chunk: int = 32) -> tuple[list[list[int]], list[list[float]], list[float], list[float]]:
+def rank_children(
+    logits: torch.Tensor, branching: int, chunk: int = 32
+) -> tuple[list[list[int]], list[list[float]], list[float], list[float], list[float]]:
     """For ``[R, V]`` draft logits: per row the ``branching`` most probable tokens, their log-probabilities
-    (float64), the top-1 probability and the entropy in nats (``chunk`` rows at a time, to stay in cache)."""
-    tokens, values, top1, entropy = [], [], [], []
+    (float64), the top-1 probability, the entropy in nats and the top-1 minus top-2 probability (``chunk``
+    rows at a time, to stay in cache)."""
+    tokens, values, top1, entropy, margin = [], [], [], [], []
     for rows in logits.split(chunk):
         log_probs = torch.log_softmax(rows.double(), dim=-1)
         probs = log_probs.exp()
         entropy += (-(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)).tolist()
-        top = torch.topk(log_probs, branching, dim=-1)
-        tokens += top.indices.tolist()
-        values += top.values.tolist()
-        top1 += probs.max(dim=-1).values.tolist()
-    return tokens, values, top1, entropy
+        top = torch.topk(log_probs, min(max(2, branching), log_probs.shape[-1]), dim=-1)
+        tokens += top.indices[:, :branching].tolist()
+        values += top.values[:, :branching].tolist()
+        best = top.values.exp()
+        top1 += best[:, 0].tolist()
+        margin += (best[:, 0] - best[:, 1] if best.shape[-1] > 1 else best[:, 0]).tolist()
+    return tokens, values, top1, entropy, margin
 
 
 def attention_mask(cached: int, prefixes: list[int], extra: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -146,7 +146,7 @@ class TreeGeneration(Generation):
 
 
 def _step(node) -> DraftStep:
-    return DraftStep(node.token, node.top1_prob, node.entropy, node.log_prob, node.score)
+    return DraftStep(node.token, node.top1_prob, node.entropy, node.log_prob, node.score, margin=node.margin)
 
 
 def _fed_prefix(tree: DraftTree, path: list[int]) -> list[int]:

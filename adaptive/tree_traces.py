@@ -29,10 +29,13 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from adaptive.drafts import teacher_forced
-from adaptive.traces import read_npz, write_npz
+from adaptive.sampling import STEP_FEATURES
+from adaptive.traces import holds_margins, read_npz, with_margins, write_npz
 from adaptive.tree import DraftTree, TreeShape, grow_level, rank_children
 
-TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/1"
+TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/2"
+READABLE_TREE_FORMATS = ("adaptive-draft/tree-trace/1", TREE_TRACE_FORMAT)
+"""Format 1 lacks the best nodes' margins (NaN when read)."""
 
 
 @dataclass
@@ -54,7 +57,7 @@ class TreeTraceSet:
     on_path: np.ndarray
     """[N, M] bool: the node continues y."""
     features: np.ndarray
-    """[N, D, 3] float16 (top-1 probability, entropy, log-probability) of each depth's best node."""
+    """[N, D, 4] float16 :data:`STEP_FEATURES` of each depth's best node."""
     metadata: dict = field(default_factory=dict)
 
     @property
@@ -65,6 +68,11 @@ class TreeTraceSet:
     @property
     def max_depth(self) -> int:
         return int(self.features.shape[1])
+
+    @property
+    def has_margins(self) -> bool:
+        """True for traces recorded with the best nodes' margins (format 2 or later)."""
+        return holds_margins(self.features)
 
     @property
     def max_new_tokens(self) -> int:
@@ -87,13 +95,13 @@ class TreeTraceSet:
     def load(cls, path: str | Path) -> TreeTraceSet:
         """Read a tree trace file (never unpickles)."""
         with np.load(path, allow_pickle=False) as data:
-            common, metadata = read_npz(data, path, TREE_TRACE_FORMAT)
+            common, metadata = read_npz(data, path, READABLE_TREE_FORMATS)
             return cls(
                 **common,
                 rank=data["rank"].astype(np.int64),
                 depth=data["depth"].astype(np.int64),
                 on_path=data["on_path"],
-                features=data["features"].astype(np.float32),
+                features=with_margins(data["features"].astype(np.float32)),
                 metadata=metadata,
             )
 
@@ -128,7 +136,7 @@ def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, dep
         "rank": np.full((n, m), m, dtype=np.int64),
         "depth": np.zeros((n, m), dtype=np.int64),
         "on_path": np.zeros((n, m), dtype=bool),
-        "features": np.zeros((n, depth, 3), dtype=np.float32),
+        "features": np.zeros((n, depth, len(STEP_FEATURES)), dtype=np.float32),
     }
     for t, tree in enumerate(trees):
         nodes = tree.nodes
@@ -141,7 +149,7 @@ def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, dep
             arrays["on_path"][t, j] = parent_ok and position < len(output) and node.token == output[position]
         for d in range(1, tree.depth + 1):
             best = tree.best_at(d)
-            arrays["features"][t, d - 1] = (best.top1_prob, best.entropy, best.log_prob)
+            arrays["features"][t, d - 1] = (best.top1_prob, best.entropy, best.log_prob, best.margin)
     return arrays
 
 

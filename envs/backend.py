@@ -90,10 +90,14 @@ class Backend(ABC):
         if source not in self.sources:
             raise ValueError(f"this backend drafts with {', '.join(self.sources)}; got the source {source!r}")
 
+    shows_margins: bool = True
+    """Whether :meth:`draft` shows each step's margin (replay of traces recorded before it was: NaN instead)."""
+
     @abstractmethod
-    def draft(self) -> tuple[float, float, float, int] | None:
-        """Draft one token; return its step's (top-1 probability, entropy in nats, log-probability, copy match
-        length), or None when the round's drafter has nothing to propose (its cap then drops to the depth)."""
+    def draft(self) -> tuple[float, float, float, float, int] | None:
+        """Draft one token; return its step's :data:`~adaptive.sampling.STEP_FEATURES` (top-1 probability,
+        entropy in nats, log-probability, margin) and its copy match length, or None when the round's drafter
+        has nothing to propose (its cap then drops to the depth)."""
 
     @abstractmethod
     def verify(self, size: int) -> Cycle:

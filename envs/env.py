@@ -51,7 +51,7 @@ import gymnasium as gym
 import numpy as np
 
 from adaptive.costmodel import throughput_speedup
-from adaptive.observation import BOUND, RECENT, ObservationBuilder, ObservationSchema
+from adaptive.observation import BOUND, RECENT, SCHEMA_VERSION, VERSIONS, ObservationBuilder, ObservationSchema
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from envs.backend import Backend, Cycle
 
@@ -60,6 +60,23 @@ EPISODES = ("cycle", "generation")
 DEFAULT_DECISION_SECONDS = 1e-4
 """Cost charged per policy decision: a learned 64x64 MLP measured 104 µs per decision inside the decoder
 (benchmarks/policy_overhead.py), observation included."""
+
+
+def observation_schema(backend: Backend, version: int | None = None) -> ObservationSchema:
+    """The observation layout of an environment over ``backend``: schema ``version``, or (None) the newest one
+    the backend can show — version 4 with the steps' margins, else (replay of traces recorded before margins
+    were) version 3 with the copy drafter's fields or 1 without. An explicit version the backend cannot show
+    is refused."""
+    copy = len(backend.sources) > 1
+    if version is None:
+        version = SCHEMA_VERSION if backend.shows_margins else max(v for v in VERSIONS[copy] if v < SCHEMA_VERSION)
+    schema = ObservationSchema(backend.max_depth, copy=copy, version=version)
+    if schema.shows_margins and not backend.shows_margins:
+        raise ValueError(
+            f"observation schema version {version} shows each draft step's margin, which these traces lack (recorded "
+            f"before trace format 3): re-record them with adaptive record, or use version {max(VERSIONS[copy][:-1])}"
+        )
+    return schema
 
 
 class SpecDecodeEnv(gym.Env):
@@ -74,6 +91,7 @@ class SpecDecodeEnv(gym.Env):
         partner: DraftPolicy | None = None,
         decision_seconds: float = DEFAULT_DECISION_SECONDS,
         episode: str = "cycle",
+        schema_version: int | None = None,
     ) -> None:
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
@@ -89,7 +107,7 @@ class SpecDecodeEnv(gym.Env):
         self._cycle_over = False
         if decision == "source" and len(backend.sources) == 1:
             raise ValueError("source decisions need a backend with a copy drafter beside the model (traces recorded with --copy)")
-        self.schema = ObservationSchema(backend.max_depth, copy=len(backend.sources) > 1)
+        self.schema = observation_schema(backend, schema_version)
         self._builder = ObservationBuilder(self.schema, backend.c, backend.g)
         self.observation_space = gym.spaces.Box(-BOUND, BOUND, (self.schema.size,), np.float32)
         self.action_space = gym.spaces.Discrete({"depth": 2, "size": backend.max_size, "source": len(backend.sources)}[decision])
@@ -186,10 +204,10 @@ class SpecDecodeEnv(gym.Env):
         drafted = self.backend.draft()
         if drafted is None:
             return
-        top1, entropy, log_prob, match = drafted
+        top1, entropy, log_prob, margin, match = drafted
         cumulative = (self._steps[-1].cumulative_log_prob if self._steps else 0.0) + log_prob
-        self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative, match))
-        self._builder.add_step(len(self._steps), top1, entropy, cumulative, match)
+        self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative, match, margin))
+        self._builder.add_step(len(self._steps), top1, entropy, cumulative, match, margin)
 
     def _begin_round(self) -> None:
         """Start rounds until one needs a decision (or the generation ends)."""

@@ -48,6 +48,7 @@ def make_replay_env(
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
     copy: bool = False,
+    schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Replay env. ``traces``: a split name of the shipped traces ("train", "val"; with ``copy``, the copy
     traces), a trace file or a TraceSet; ``copy``: a copy drafter beside the model (the traces must hold its chains)."""
@@ -58,7 +59,7 @@ def make_replay_env(
         profile = CostProfile.load(profile)
     if copy and traces.copy is None:
         raise ValueError("these traces hold no copy-drafter chains; record them with `adaptive record --copy`")
-    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth, copy=copy), decision, partner, decision_seconds, episode)
+    return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth, copy=copy), decision, partner, decision_seconds, episode, schema_version)
 
 
 def make_tree_replay_env(
@@ -70,6 +71,7 @@ def make_tree_replay_env(
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
+    schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Tree replay env. ``traces``: a split name of the shipped tree traces, a tree trace file or a TreeTraceSet;
     ``size``: the verified nodes V when no size policy decides (default: the traces' V)."""
@@ -78,7 +80,7 @@ def make_tree_replay_env(
         traces = TreeTraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), tree=True))
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
-    return SpecDecodeEnv(TreeReplayBackend(traces, profile, max_depth, size), decision, partner, decision_seconds, episode)
+    return SpecDecodeEnv(TreeReplayBackend(traces, profile, max_depth, size), decision, partner, decision_seconds, episode, schema_version)
 
 
 def make_synthetic_env(
@@ -93,10 +95,11 @@ def make_synthetic_env(
     partner: DraftPolicy | None = None,
     decision_seconds: float = 0.0,
     episode: str = "cycle",
+    schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Cost-model env: constant α, or Markov-modulated regimes ``alphas`` switching with ``switch_prob``."""
     backend = SyntheticBackend(alphas, c=c, g=g, switch_prob=switch_prob, max_depth=max_depth, max_new_tokens=max_new_tokens, feature_noise=feature_noise)
-    return SpecDecodeEnv(backend, decision, partner, decision_seconds, episode)
+    return SpecDecodeEnv(backend, decision, partner, decision_seconds, episode, schema_version)
 
 
 def make_live_env(
@@ -111,6 +114,7 @@ def make_live_env(
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
     dtype: str = "float32",
+    schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Live env over a named pair (at ``dtype``) and a workload split (chat-formatted prompts)."""
     loaded = load_pair(pair, dtype)
@@ -118,4 +122,4 @@ def make_live_env(
     prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
-    return SpecDecodeEnv(LiveBackend(decoder, prompts, profile, max_new_tokens), decision, partner, decision_seconds, episode)
+    return SpecDecodeEnv(LiveBackend(decoder, prompts, profile, max_new_tokens), decision, partner, decision_seconds, episode, schema_version)

@@ -67,9 +67,9 @@ class LiveBackend(Backend):
     def recent(self) -> Sequence[int]:
         return self.generation.recent
 
-    def draft(self) -> tuple[float, float, float, int] | None:
+    def draft(self) -> tuple[float, float, float, float, int] | None:
         step = self.generation.draft_step()
-        return None if step is None else (step.top1_prob, step.entropy, step.log_prob, step.match_length)
+        return None if step is None else (step.top1_prob, step.entropy, step.log_prob, step.margin, step.match_length)
 
     def verify(self, size: int) -> Cycle:
         stats = self.generation.verify(size)

@@ -44,6 +44,7 @@ class TraceReplay(Backend):
         self.prompt = 0
         self._budget = traces.max_new_tokens
         self._features = traces.features.tolist()  # Python floats: faster to index one at a time than numpy
+        self.shows_margins = traces.has_margins
         self._start = self._length = self._t = self._depth = self._prompt_length = 0
         self._recent: list[int] = []
 
@@ -76,12 +77,12 @@ class TraceReplay(Backend):
     def recent(self) -> Sequence[int]:
         return self._recent
 
-    def draft(self) -> tuple[float, float, float, int] | None:
+    def draft(self) -> tuple[float, float, float, float, int] | None:
         if self._depth >= self.cap:
             raise ValueError(f"this round is already {self._depth} {'levels' if self.tree else 'tokens'} deep, its cap")
-        top1, entropy, log_prob = self._features[self._start + self._t][self._depth]
+        features = self._features[self._start + self._t][self._depth]
         self._depth += 1
-        return top1, entropy, log_prob, 0
+        return (*features, 0)
 
     def _end_round(self, size: int, accepted: int, copy_steps: int = 0, copy_forwards: int = 0) -> Cycle:
         """Emit the accepted tokens plus one (fewer at the end of the output), time the round (``copy_steps``
@@ -170,7 +171,7 @@ class ReplayBackend(TraceReplay):
         super().choose_source(source)
         self._source = source
 
-    def draft(self) -> tuple[float, float, float, int] | None:
+    def draft(self) -> tuple[float, float, float, float, int] | None:
         if self._source != "model":
             return self._draft_with_copy()
         if self._accept is None:
@@ -185,7 +186,7 @@ class ReplayBackend(TraceReplay):
             return (*self._features[self._start + self._t][step], 0)
         return (*self._rejecting[self._start + self._t + self._rejected_at][step - self._rejected_at], 0)
 
-    def _draft_with_copy(self) -> tuple[float, float, float, int] | None:
+    def _draft_with_copy(self) -> tuple[float, float, float, float, int] | None:
         """A step of a copy or copy+model round: the copy drafter's chain at t while it has proposals, then
         (copy+model) the model's chain at t + a, a the copy drafter's proposals."""
         if self._depth >= self.cap:

@@ -4,7 +4,8 @@ Each drafted token is accepted with probability α, independently, until the fir
 constant or Markov-modulated: hidden regimes with their own α, switching between rounds with
 ``switch_prob`` (so that adapting to recent acceptances can pay). A draft step costs ``c`` target steps, a
 verification of γ tokens ``g[γ]``. Step features are noisy readings of the current α (top-1 = α + noise,
-entropy and log-probability derived from it), standing in for a draft's confidence.
+entropy, log-probability and margin of a two-outcome distribution derived from it), standing in for a
+draft's confidence.
 """
 
 from __future__ import annotations
@@ -102,13 +103,13 @@ class SyntheticBackend(Backend):
     def recent(self) -> Sequence[int]:
         return self._recent
 
-    def draft(self) -> tuple[float, float, float, int]:
+    def draft(self) -> tuple[float, float, float, float, int]:
         if self._depth >= self.cap:
             raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
         self._depth += 1
         top1 = min(0.999, max(0.001, self.alpha + self.feature_noise * self._rng.standard_normal()))
         entropy = -(top1 * math.log(top1) + (1 - top1) * math.log(1 - top1))
-        return top1, entropy, math.log(top1), 0
+        return top1, entropy, math.log(top1), 2 * top1 - 1, 0
 
     def verify(self, size: int) -> Cycle:
         if not verifiable(size, self._depth):

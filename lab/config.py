@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from adaptive.observation import VERSIONS
+
 
 class ConfigError(ValueError):
     """A config key is unknown or its value is not allowed."""
@@ -55,6 +57,9 @@ class EnvConfig:
     copy: bool = False
     """replay: the traces hold the copy drafter's chains (adaptive record --copy) and the decoder has it beside
     the model, so a round may draft with it (the policy picks: model, copy, or copy then model)"""
+    observation_version: int | None = None
+    """the policies' observation schema version (:mod:`adaptive.observation`); default: the newest the
+    environment can show (4, with the draft steps' margins; 3 or 1 on traces recorded before margins were)"""
 
     def validate(self, where: str) -> None:
         _one_of(f"{where}.backend", self.backend, ("replay", "synthetic", "live"))
@@ -79,6 +84,8 @@ class EnvConfig:
             raise ConfigError(
                 f"{where}.copy needs {where}.backend replay with chain traces (recorded with --copy), got {self.backend!r}{' with tree' if self.tree else ''}"
             )
+        if self.observation_version is not None:
+            _one_of(f"{where}.observation_version", self.observation_version, VERSIONS[self.copy])
         if self.tree and self.backend != "replay":
             raise ConfigError(f"{where}.tree needs {where}.backend replay (tree mode is greedy-only and replayed from tree traces), got {self.backend!r}")
 

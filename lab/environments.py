@@ -67,17 +67,31 @@ def run_profile(config: ExperimentConfig) -> CostProfile | None:
 
 
 def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | None, profile: CostProfile | None, evaluation: bool = False) -> SpecDecodeEnv:
-    """The environment a config describes, timed by ``profile`` (``evaluation``: replay on the val traces instead of train)."""
+    """The environment a config describes, timed by ``profile`` (``evaluation``: replay on the val traces instead
+    of train); its observation schema ``env.observation_version`` (default: the newest it can show)."""
     env = config.env
+    version = env.observation_version
     if env.backend == "replay":
         traces = (env.eval_traces or ("val" if env.traces == "train" else env.traces)) if evaluation else env.traces
         if env.tree:
-            return make_tree_replay_env(traces, profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds)
-        return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds, copy=env.copy)
+            return make_tree_replay_env(traces, profile, env.max_depth, env.tree_size, decision, partner, env.decision_seconds, schema_version=version)
+        return make_replay_env(traces, profile, env.max_depth, decision, partner, env.decision_seconds, copy=env.copy, schema_version=version)
     if env.backend == "synthetic":
-        return make_synthetic_env(env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds)
+        return make_synthetic_env(
+            env.alphas, env.c, env.g, env.switch_prob, env.max_depth, env.max_new_tokens, 0.1, decision, partner, env.decision_seconds, schema_version=version
+        )
     return make_live_env(
-        config.pair, env.split, profile, env.max_depth, env.max_new_tokens, env.temperature, decision, partner, env.decision_seconds, dtype=config.dtype
+        config.pair,
+        env.split,
+        profile,
+        env.max_depth,
+        env.max_new_tokens,
+        env.temperature,
+        decision,
+        partner,
+        env.decision_seconds,
+        dtype=config.dtype,
+        schema_version=version,
     )
 
 

@@ -30,7 +30,6 @@ from tqdm import tqdm
 
 from adaptive.costmodel import throughput_speedup
 from adaptive.learned_policy import LearnedPolicy, save_policy
-from adaptive.observation import ObservationSchema
 from adaptive.policy import DraftPolicy
 from adaptive.tree_traces import TreeTraceSet
 from envs.factory import default_traces
@@ -148,6 +147,9 @@ class TrainingRun:
         self.profile = run_profile(config)
         self.target_step_seconds = self.profile.target_step_seconds if self.profile else SYNTHETIC_STEP_SECONDS
         self.tracker = Tracker(config.tracking.wandb, config.tracking.project, config.tracking.group or config.name, folder.name, config.to_dict(), folder)
+        self.schema = make_env(config, "depth", None, self.profile).schema
+        """What the policies see: the training environment's observation schema."""
+        log.info("observation schema version %d (%d fields)", self.schema.version, self.schema.size)
 
     # --- files -----------------------------------------------------------------------------------------
 
@@ -183,7 +185,7 @@ class TrainingRun:
             profile = {"path": env.profile, "c": self.profile.c, "g": list(self.profile.g), "hardware": self.profile.hardware}
         return {
             "name": f"learned:{self.config.name}",
-            "schema": ObservationSchema(env.max_depth, copy=env.copy).describe(),
+            "schema": self.schema.describe(),
             "pair": self.config.pair if env.backend != "synthetic" else "synthetic",
             "profile": profile,
             "config_digest": self.config.digest(),

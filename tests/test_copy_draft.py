@@ -352,7 +352,7 @@ def test_source_decisions_pass_the_gymnasium_checker_and_refuse_a_backend_withou
     from envs.replay import ReplayBackend
 
     env = SpecDecodeEnv(ReplayBackend(copy_traces, flat_profile(), max_depth=8), "source", partner=make_policy("static:4"))
-    assert env.action_space.n == 3 and env.schema.version == 3
+    assert env.action_space.n == 3 and env.schema.version == 4
     check_env(env, skip_render_check=True)
     observation, _ = env.reset(seed=0, options={"prompt": 0})
     _, reward, terminated, _, info = env.step(1)  # the copy drafter drafts the round, up to the partner's 4

@@ -4,6 +4,7 @@ model's optimum, API conformance (Gymnasium and SB3 checkers, vectorised envs, s
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -17,13 +18,16 @@ import envs
 from adaptive.costmodel import optimal_gamma
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.observation import ObservationSchema, SchemaMismatch
+from adaptive.policy import DraftState
 from adaptive.recorder import record
+from adaptive.traces import with_margins
 from envs.env import SpecDecodeEnv
 from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
 from envs.synthetic import SyntheticBackend
 from policies import make_policy
+from policies.baselines import StaticDepth
 from policies.oracle import OraclePolicy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3], [7, 7, 1, 0]]
@@ -46,6 +50,46 @@ def test_replay_accepts_what_live_greedy_decoding_accepts_round_for_round(target
         assert [c.emitted for c in episode.cycles] == [r.emitted for r in live.rounds]
         assert [c.drafted for c in episode.cycles] == [r.drafted for r in live.rounds]
     assert sum(c.accepted for e in replayed for c in e.cycles) > 10
+
+
+class StepSpy(StaticDepth):
+    """static:3 noting the features of every draft step it is shown."""
+
+    reads_step_features = True
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.shown: list[tuple[float, float, float]] = []
+
+    def should_continue(self, state: DraftState) -> bool:
+        step = state.steps[-1]
+        self.shown.append((step.top1_prob, step.entropy, step.margin))
+        return super().should_continue(state)
+
+
+def test_a_depth_decision_is_shown_the_same_step_features_live_and_in_replay(target, near_draft, traces):
+    """Each draft step's top-1 probability, entropy and margin (top-1 minus top-2) reach the policy alike from
+    the live decoder and from the recorded traces (stored in float16)."""
+    replayed, live = StepSpy(), StepSpy()
+    run_policy(ReplayBackend(traces, flat_profile()), replayed, range(len(PROMPTS)), decision_seconds=0.0)
+    decoder = SpeculativeDecoder(target, near_draft, live, max_depth=DEPTH)
+    for prompt in PROMPTS:
+        decoder.generate(prompt, 40)
+    assert len(replayed.shown) == len(live.shown) > 20
+    np.testing.assert_allclose(replayed.shown, live.shown, atol=2e-3, rtol=2e-3)
+    margins = [margin for _, _, margin in live.shown]
+    assert all(0.0 <= m <= top1 for (top1, _, m) in live.shown) and len(set(np.round(margins, 3))) > 5
+
+
+def test_replay_of_traces_without_margins_shows_the_former_schema(traces):
+    """Traces recorded before margins were (NaN when read) train version 1 (3 with the copy drafter); asking
+    them for version 4 is refused, naming the cure."""
+    former = replace(traces, features=with_margins(traces.features[..., :3]))
+    assert traces.has_margins and not former.has_margins
+    assert SpecDecodeEnv(ReplayBackend(traces, flat_profile())).schema.version == 4
+    assert SpecDecodeEnv(ReplayBackend(former, flat_profile())).schema.version == 1
+    with pytest.raises(ValueError, match="margin.*re-record"):
+        SpecDecodeEnv(ReplayBackend(former, flat_profile()), schema_version=4)
 
 
 def test_live_backend_runs_the_real_decoder(target, near_draft):
@@ -145,28 +189,37 @@ def test_observation_schema_is_versioned_and_checked():
     assert len(schema.names) == schema.size == envs.make_synthetic_env().observation_space.shape[0]
 
 
-def test_copy_schemas_of_every_version_rebuild_from_a_saved_description():
-    """Schema 3 (the copy drafter's first proposal at the source decision) is what environments produce;
-    a version-2 policy keeps loading and is shown its own layout; an unknown version is refused by name."""
+def test_schemas_of_every_version_rebuild_from_a_saved_description():
+    """Schema 4 (each step's margin; with the copy drafter, its first proposal too) is what environments
+    produce; policies of versions 1-3 keep loading and are shown their own layout; an unknown version is
+    refused by name."""
     from adaptive.observation import ObservationBuilder
 
-    latest, former = ObservationSchema(4, copy=True), ObservationSchema(4, copy=True, copy_version=2)
-    assert latest.version == 3 and former.version == 2 and latest.size == former.size + 2
-    assert latest.names[: former.names.index("copy_match") + 1] == former.names[: former.names.index("copy_match") + 1]
-    for schema in (latest, former, ObservationSchema(4)):
+    copy = {v: ObservationSchema(4, copy=True, version=v) for v in (2, 3, 4)}
+    plain = {v: ObservationSchema(4, version=v) for v in (1, 4)}
+    assert ObservationSchema(4, copy=True) == copy[4] and ObservationSchema(4) == plain[4]
+    assert copy[3].size == copy[2].size + 2 and copy[4].size == copy[3].size + 4 and plain[4].size == plain[1].size + 4
+    assert copy[3].names[: copy[2].names.index("copy_match") + 1] == copy[2].names[: copy[2].names.index("copy_match") + 1]
+    for schema in (*copy.values(), *plain.values()):
         assert ObservationSchema.of(schema.describe()) == schema
     vectors = {}
-    for schema in (latest, former):
+    for version, schema in copy.items():
         builder = ObservationBuilder(schema, 0.1, [1.0] * 8)
         builder.new_round([2, 3], "copy", 12, (0.75, 0.5))
-        builder.add_step(1, 0.75, 0.5, -0.3, 12)
-        vectors[schema.version] = dict(zip(schema.names, builder.build(1, 4, 100, 7)))
+        builder.add_step(1, 0.75, 0.5, -0.3, 12, margin=0.6)
+        vectors[version] = dict(zip(schema.names, builder.build(1, 4, 100, 7)))
     assert vectors[3]["copy_top1"] == 0.75 and vectors[3]["copy_entropy"] == pytest.approx(0.05)
     assert {k: v for k, v in vectors[3].items() if k not in ("copy_top1", "copy_entropy")} == vectors[2]
+    assert vectors[4]["step_1_margin"] == pytest.approx(0.6) and vectors[4]["step_2_margin"] == 0.0
+    assert {k: v for k, v in vectors[4].items() if not k.endswith("_margin")} == vectors[3]
+    with pytest.raises(ValueError, match="no margin"):
+        ObservationBuilder(copy[4], 0.1, [1.0] * 8).add_step(1, 0.75, 0.5, -0.3, 12, margin=float("nan"))
+    with pytest.raises(ValueError, match="version must be one of"):
+        ObservationSchema(4, copy=False, version=3)
     with pytest.raises(SchemaMismatch, match="version 7 is unknown"):
-        ObservationSchema.of({**latest.describe(), "version": 7})
+        ObservationSchema.of({**copy[4].describe(), "version": 7})
     with pytest.raises(SchemaMismatch, match="size"):  # a description that contradicts its version
-        ObservationSchema.of({**latest.describe(), "version": 2})
+        ObservationSchema.of({**copy[3].describe(), "version": 2})
 
 
 def test_bad_settings_are_named():

@@ -43,7 +43,7 @@ def test_acceptance_rate_is_the_maximum_likelihood_alpha_of_iid_traces():
         np.array([0, n + 100]),
         np.zeros(n + 100, dtype=np.int32),
         np.concatenate([match, np.zeros(100, dtype=int)]),
-        np.zeros((n + 100, depth, 3), np.float32),
+        np.zeros((n + 100, depth, 4), np.float32),
         metadata={},
     )
     # 100 trailing zeros are rejections too: the estimate is of the whole set

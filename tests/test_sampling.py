@@ -90,13 +90,14 @@ def test_sample_draws_with_the_given_generator():
 
 
 def test_draft_features_use_untempered_softmax():
-    ((token, top1, entropy, log_prob),) = draft_features(LOGITS[None], torch.tensor([0]))
+    ((token, top1, entropy, log_prob, margin),) = draft_features(LOGITS[None], torch.tensor([0]))
     assert token == 0
     assert draft_features(LOGITS[None])[0][0] == 4  # greedy: the arg-max
     probs = torch.softmax(LOGITS, dim=-1)
     assert top1 == pytest.approx(float(probs.max()))
     assert entropy == pytest.approx(float(-(probs * probs.log()).sum()), rel=1e-5)
     assert log_prob == pytest.approx(float(probs[0].log()), rel=1e-5)
+    assert margin == pytest.approx(float(probs[4] - probs[0]), rel=1e-5)  # logits 3.0 and 2.0: the two most probable
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -110,5 +111,14 @@ def test_draft_features_reject_invalid_logits(bad):
 def test_draft_features_handle_masked_tokens():
     logits = LOGITS.clone()
     logits[0] = float("-inf")
-    ((_, top1, entropy, _),) = draft_features(logits[None])
+    ((_, top1, entropy, _, margin),) = draft_features(logits[None])
     assert entropy == pytest.approx(float(torch.special.entr(torch.softmax(logits, -1)).sum()))
+    probs = torch.softmax(logits, -1)
+    assert margin == pytest.approx(float(probs[4] - probs[1]), rel=1e-5)  # the masked token is not the runner-up
+
+
+def test_draft_features_margin_of_a_single_candidate():
+    logits = torch.full((5,), float("-inf"))
+    logits[2] = 0.0  # a copy drafter's row with one continuation
+    ((token, top1, _, _, margin),) = draft_features(logits[None])
+    assert (token, top1, margin) == (2, 1.0, 1.0)

@@ -27,7 +27,7 @@ PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3]]
 def sequential_trace(target, draft, prompt, output, depth):
     """The definition: at every t, draft `depth` greedy tokens after prompt + y[:t], one cached step at a time
     (a head reading the target's states of that context only)."""
-    features, match = np.zeros((len(output), depth, 3)), np.zeros(len(output), dtype=int)
+    features, match = np.zeros((len(output), depth, 4)), np.zeros(len(output), dtype=int)
     for t in range(len(output)):
         reading = CachedModel(target, taps=target_taps(draft))
         if reading.taps:
@@ -86,7 +86,7 @@ def test_sampled_trace_records_acceptance_given_the_output_and_the_rejection_law
     sampling = SamplingConfig(0.9, top_k=10)
     prompt, output = PROMPTS[1], generate_plain(target, PROMPTS[1], 12, sampling, seed=0).token_ids
     accept, accepting, rejecting = sampled_trace(target, far_draft, prompt, output, 4, sampling, torch.Generator().manual_seed(0))
-    assert accept.shape == (12,) and accepting.shape == rejecting.shape == (12, 4, 3)
+    assert accept.shape == (12,) and accepting.shape == rejecting.shape == (12, 4, 4)
     for t in range(12):
         ids = torch.tensor([prompt + output[:t]])
         with torch.no_grad():

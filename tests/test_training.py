@@ -124,13 +124,13 @@ def test_load_policy_rejects_another_observation_schema(trained):
         load_policy(trained, schema=ObservationSchema(8))
     sidecar = trained / "final" / "policy.json"
     data = json.loads(sidecar.read_text())
-    data["schema"]["version"] = 99
+    version, data["schema"]["version"] = data["schema"]["version"], 99
     sidecar.write_text(json.dumps(data))
     try:
         with pytest.raises(SchemaMismatch, match="version"):
             load_policy(trained)
     finally:
-        data["schema"]["version"] = 1
+        data["schema"]["version"] = version
         sidecar.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="pair"):
         load_policy(trained, pair="smollm2-135m")
@@ -235,7 +235,7 @@ def test_a_source_policy_co_trains_with_the_depth_policy_and_drives_the_decoder(
     evaluation = json.loads((tmp_path / "run" / "evaluation.json").read_text())
     assert {"learned", "static:4", "static:4:copy", "static:4:copy+model", "suffix", "oracle (model draft)"} <= set(evaluation)
     policy = load_policy(final)
-    assert policy.source_net is not None and policy.metadata["schema"]["version"] == 3
+    assert policy.source_net is not None and policy.metadata["schema"]["version"] == 4
     live = SpeculativeDecoder(target, near_draft, policy, max_depth=4, copy=CopyDraft())
     for prompt in prompts:
         result = live.generate(prompt, 30)
