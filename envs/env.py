@@ -34,8 +34,8 @@ reward exactly the quantity we want and leaves credit assignment inside the roun
 (PPO with γ close to 1). Policy seconds are ``decision_seconds`` per decision taken (a learned MLP's
 cost), not the agent's own Python time.
 
-**Observation**: :mod:`adaptive.observation` (versioned, fixed size for a given ``max_depth``; version 2,
-with the copy drafter's signals, on a backend with a copy drafter).
+**Observation**: :mod:`adaptive.observation` (versioned, fixed size for a given ``max_depth``; the copy
+drafter's signals too on a backend with a copy drafter; :func:`observation_schema` picks the version).
 
 ``info`` after a cycle holds the last cycle's ``drafted``, ``verified``, ``accepted``, ``emitted``,
 ``draft_seconds``, ``verify_seconds``, ``policy_seconds`` and ``throughput`` (tokens/s), ``cycles`` (cycles
