@@ -160,3 +160,27 @@ class BasePolicy:
 
     def observe(self, stats: RoundStats) -> None:
         """Ignore feedback."""
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """What a batch policy knows as a batched round starts (:mod:`adaptive.batch_decoder`)."""
+
+    batch_size: int
+    """Requests decoded in this round."""
+    waiting: int
+    """Requests queued behind them."""
+    max_depth: int
+    """The decoder's cap on drafted tokens per round."""
+    recent_accepted: tuple[tuple[int, ...], ...] = ()
+    """Per request in the batch: accepted lengths of its most recent rounds, oldest first."""
+
+
+@runtime_checkable
+class BatchPolicy(Protocol):
+    """Decides one draft depth for every request of a batched round (0: no speculation this round)."""
+
+    name: str
+
+    def depth(self, state: BatchState) -> int:
+        """Tokens each request drafts this round (0..state.max_depth)."""

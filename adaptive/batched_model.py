@@ -1,0 +1,173 @@
+"""A causal LM decoding several sequences at once: one forward for every row, each row its own length.
+
+Rows share one KV cache ``[B, heads, C, head_dim]`` per layer. A forward feeds each row its own tokens
+(``n_b`` of them, padded to the longest; padding is never attended to), at the row's own positions, under a
+4-D attention mask built from which cache columns hold each row's entries (:attr:`BatchedCachedModel.valid`).
+Rolling a row back hides its dropped entries instead of moving memory: the columns stay, masked, as holes,
+until :meth:`BatchedCachedModel.compact` packs every row's entries to the left (done when holes pile up).
+Rows join (prefilled together, apart from the rows already decoding, then spliced in) and leave between
+forwards.
+
+Positions count a row's own entries, so a row sees exactly what the same sequence decoded alone would see:
+the same tokens at the same positions, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from adaptive.cached_model import cache_keyword
+
+COMPACT_SLACK = 64
+"""Compact once the cache holds this many more columns than the longest row's entries (and twice as many)."""
+
+
+class BatchedCachedModel:
+    """A transformers causal LM and one batched KV cache; rows are addressed by their index (0..rows-1)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.device = model.device
+        self.dtype = next(model.parameters()).dtype
+        self.cache_keyword = cache_keyword(model)
+        self.cache = DynamicCache(config=model.config)
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        """``[rows, columns]``: which cache columns hold each row's entries."""
+        self.lengths: list[int] = []
+        """Entries per row (its sequence length so far)."""
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def columns(self) -> int:
+        return int(self.valid.shape[1])
+
+    def add_rows(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """New last rows holding ``token_ids[i]`` each, prefilled together (apart from the rows already here,
+        then spliced in); returns each one's logits ``[n_i, V]``."""
+        newcomers = BatchedCachedModel(self.model)
+        newcomers.valid = torch.zeros(len(token_ids), 0, dtype=torch.bool, device=self.device)
+        newcomers.lengths = [0] * len(token_ids)
+        logits = newcomers.forward(token_ids)
+        self._append(newcomers)
+        return logits
+
+    def _append(self, other: BatchedCachedModel) -> None:
+        """Put ``other``'s rows after these (the cache widened to the wider of the two)."""
+        width = max(self.columns, other.columns)
+        self._widen(width)
+        other._widen(width)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            template = mine if _holds(mine) else theirs if _holds(theirs) else None
+            if template is None:  # no row holds an entry yet
+                continue
+            old = (mine.keys, mine.values) if _holds(mine) else _holes(template, self.rows, width)
+            new = (theirs.keys, theirs.values) if _holds(theirs) else _holes(template, other.rows, width)
+            _store(mine, torch.cat((old[0], new[0])), torch.cat((old[1], new[1])))
+        self.valid = torch.cat((self.valid.reshape(self.rows, width), other.valid.reshape(other.rows, width)))
+        self.lengths += other.lengths
+
+    def remove_rows(self, rows: Sequence[int]) -> None:
+        """Drop ``rows``; the others keep their order (and are renumbered 0..)."""
+        keep = [r for r in range(self.rows) if r not in set(rows)]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if _holds(layer):
+                _store(layer, layer.keys.index_select(0, index), layer.values.index_select(0, index))
+        self.valid = self.valid.index_select(0, index)
+        self.lengths = [self.lengths[r] for r in keep]
+        if not keep:
+            self.cache = DynamicCache(config=self.model.config)
+            self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, feeds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Append ``feeds[b]`` to row b (every row, possibly nothing); return each row's logits ``[n_b, V]``."""
+        if len(feeds) != self.rows:
+            raise ValueError(f"give one list of tokens per row: {self.rows} rows, got {len(feeds)}")
+        n = max(map(len, feeds), default=0)
+        if n == 0:
+            return [torch.empty(0, 0, device=self.device) for _ in feeds]
+        counts = torch.tensor([len(f) for f in feeds], device=self.device)
+        ids = torch.tensor([list(f) + [0] * (n - len(f)) for f in feeds], dtype=torch.long, device=self.device)
+        positions = torch.tensor(self.lengths, device=self.device)[:, None] + torch.arange(n, device=self.device)[None, :]
+        new = torch.arange(n, device=self.device)[None, :] < counts[:, None]
+        output = self.model(
+            input_ids=ids,
+            attention_mask=self._mask(new),
+            position_ids=positions,
+            use_cache=True,
+            **{self.cache_keyword: self.cache},
+        )
+        self.valid = torch.cat((self.valid, new), dim=1)
+        self.lengths = [length + len(f) for length, f in zip(self.lengths, feeds)]
+        return [output.logits[b, : len(f)] for b, f in enumerate(feeds)]
+
+    def rollback(self, row: int, length: int) -> None:
+        """Keep the first ``length`` entries of ``row`` (the rest become holes)."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot roll row {row} back to length {length}: it holds {self.lengths[row]} tokens")
+        if length < self.lengths[row]:
+            keep = torch.ones_like(self.valid)
+            keep[row] = self.valid[row].cumsum(0) <= length
+            self.valid = self.valid & keep
+            self.lengths[row] = length
+            if self.columns > max(2 * max(self.lengths), max(self.lengths) + COMPACT_SLACK):
+                self.compact()
+
+    def compact(self) -> None:
+        """Pack every row's entries into the first columns (in order), dropping the holes."""
+        width = max(self.lengths, default=0)
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # valid columns first, in order
+        for layer in self.cache.layers:
+            if not _holds(layer):
+                continue
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            _store(layer, layer.keys.gather(2, index), layer.values.gather(2, index))
+        self.valid = torch.arange(width, device=self.device)[None, :] < torch.tensor(self.lengths, device=self.device)[:, None]
+
+    def _widen(self, width: int) -> None:
+        """At least ``width`` columns in every row (new ones are holes)."""
+        if width <= self.columns:
+            return
+        for layer in self.cache.layers:
+            if _holds(layer):
+                _store(layer, _pad_columns(layer.keys, width), _pad_columns(layer.values, width))
+        self.valid = torch.nn.functional.pad(self.valid, (0, width - self.columns), value=False)
+
+    def _mask(self, new: torch.Tensor) -> torch.Tensor:
+        """Additive mask ``[rows, 1, n, columns + n]``: new token i of row b sees b's entries and b's new tokens
+        up to i; a padding token sees itself only (its output is dropped)."""
+        rows, n = new.shape
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        allowed = torch.cat((self.valid[:, None, :].expand(rows, n, -1), causal[None] & new[:, None, :]), dim=2)
+        allowed[:, torch.arange(n), self.columns + torch.arange(n)] = True
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask[:, None]
+
+
+def _holds(layer) -> bool:
+    """Whether a cache layer holds tensors yet (transformers creates them at the first update)."""
+    return getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
+
+
+def _holes(layer, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value tensors of ``rows`` rows and ``width`` columns, all holes, shaped like ``layer``'s."""
+    keys = layer.keys.new_zeros(rows, layer.keys.shape[1], width, layer.keys.shape[3])
+    return keys, keys.clone()
+
+
+def _store(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Set a cache layer's tensors (marking it initialised, so that transformers appends to them)."""
+    layer.keys, layer.values = keys, values
+    layer.is_initialized, layer.device = True, keys.device
+
+
+def _pad_columns(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, H, C, D]`` padded with zeros to ``width`` columns."""
+    return torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[2]))

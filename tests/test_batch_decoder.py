@@ -1,0 +1,125 @@
+"""Batched speculative decoding: the batched cache against one sequence at a time, greedy identity of every
+request in a changing batch, and per-request exactness at T > 0 (enumeration, as in test_decoder_exactness)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_decoder_exactness import deviation_statistics, exact_two_token_distribution
+
+from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.batched_model import BatchedCachedModel
+from adaptive.decoder import generate_plain
+from adaptive.policy import BatchState
+from adaptive.sampling import SamplingConfig
+from adaptive.verification import naive_correction, residual_correction
+from policies.batch import BatchSizeSchedule, FixedBatchDepth, make_batch_policy
+
+PROMPTS = [[1, 4, 6], [3], [2, 2, 9, 11, 5], [7, 8], [1, 4, 6, 6, 6, 6, 1], [5, 9], [12, 0, 3, 3]]
+
+
+def test_batched_cache_rows_equal_one_sequence_at_a_time(target):
+    """Rows joining, leaving, rolled back (holes), compacted: every row's logits equal a full forward of its
+    own sequence alone."""
+    rng = random.Random(0)
+    model, sequences, worst = BatchedCachedModel(target), [], 0.0
+
+    def alone(sequence: list[int]) -> torch.Tensor:
+        return target(input_ids=torch.tensor([sequence])).logits[0].detach()
+
+    for _ in range(300):
+        action = rng.random()
+        if action < 0.1 or len(sequences) < 3:
+            joining = [[rng.randrange(16) for _ in range(rng.randrange(0, 5))] for _ in range(rng.randrange(1, 3))]
+            for logits, tokens in zip(model.add_rows(joining), joining):
+                sequences.append(list(tokens))
+                if tokens:
+                    worst = max(worst, float((logits - alone(tokens)).abs().max()))
+        elif action < 0.13:
+            gone = rng.randrange(len(sequences))
+            model.remove_rows([gone])
+            sequences.pop(gone)
+        elif action < 0.4:
+            row = rng.randrange(len(sequences))
+            keep = rng.randrange(len(sequences[row]) + 1)
+            model.rollback(row, keep)
+            sequences[row] = sequences[row][:keep]
+        else:
+            feeds = [[rng.randrange(16) for _ in range(rng.randrange(0, 4))] for _ in sequences]
+            for logits, sequence, fed in zip(model.forward(feeds), sequences, feeds):
+                sequence += fed
+                if fed:
+                    worst = max(worst, float((logits - alone(sequence)[-len(fed) :]).abs().max()))
+        assert model.lengths == [len(s) for s in sequences]
+    assert model.columns > max(model.lengths)  # holes were made (and compacted away at times)
+    model.compact()
+    assert model.columns == max(model.lengths)
+    for logits, sequence in zip(model.forward([[1]] * len(sequences)), sequences):
+        worst = max(worst, float((logits - alone(sequence + [1])[-1:]).abs().max()))
+    assert worst < 1e-10
+
+
+@pytest.mark.parametrize("spec", ["plain", "static:1", "static:4", "schedule:1-2=5,3-3=2"])
+@pytest.mark.parametrize("draft_name", ["near_draft", "far_draft"])
+def test_every_request_of_a_changing_batch_is_greedy_identical(spec, draft_name, target, request):
+    """Seven prompts of different lengths, three at a time: requests join and leave between rounds, each
+    output equals plain greedy decoding of that prompt alone."""
+    decoder = BatchedSpeculativeDecoder(target, request.getfixturevalue(draft_name), make_batch_policy(spec), max_depth=6, max_batch=3)
+    results = decoder.generate(PROMPTS, max_new_tokens=30)
+    for prompt, result in zip(PROMPTS, results):
+        assert result.token_ids == generate_plain(target, prompt, 30).token_ids
+        assert len(result.token_times) == len(result.token_ids) and result.first_token_latency >= 0
+    accepted = sum(sum(r.accepted) for r in results)
+    assert (accepted == 0) == (spec == "plain")
+    assert decoder.idle and decoder.target.rows == decoder.draft.rows == 0
+
+
+N_SAMPLES = 20_000
+EXACTNESS_PROMPTS = ([3], [5, 9])
+
+
+@pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
+def test_each_request_of_a_batch_samples_the_target_distribution(target, far_draft, correction):
+    """40,000 requests, two prompts taking turns in batches of 64, T = 1, top-k 12, static:2: each prompt's
+    first two tokens follow the target's enumerated distribution within 5σ per outcome and on Pearson's
+    statistic (tolerance derived from n as in test_decoder_exactness); the naive "resample from p" rule in
+    the same decoder is detected."""
+    sampling = SamplingConfig(1.0, top_k=12)
+    decoder = BatchedSpeculativeDecoder(target, far_draft, FixedBatchDepth(2), sampling, max_depth=2, max_batch=64, correction=correction)
+    prompts = [p for _ in range(N_SAMPLES) for p in EXACTNESS_PROMPTS]
+    results = decoder.generate(prompts, max_new_tokens=2, seeds=range(len(prompts)))
+    for k, prompt in enumerate(EXACTNESS_PROMPTS):
+        counts = torch.zeros(16, 16, dtype=torch.float64)
+        for result in results[k :: len(EXACTNESS_PROMPTS)]:
+            first, second = result.token_ids
+            counts[first, second] += 1
+        max_z, chi2_z = deviation_statistics(counts, exact_two_token_distribution(target, prompt, sampling))
+        if correction is residual_correction:
+            assert max_z < 5.0 and chi2_z < 5.0, (prompt, max_z, chi2_z)
+        else:
+            assert max_z > 5.0 and chi2_z > 5.0, (prompt, "the naive rule should be detected as biased")
+
+
+def test_a_request_samples_the_same_output_whatever_the_batch(target, far_draft):
+    """Its own seed and generator: a request's sampled output does not depend on who shares its batch."""
+    sampling = SamplingConfig(0.8)
+    alone = BatchedSpeculativeDecoder(target, far_draft, FixedBatchDepth(3), sampling, max_batch=1).generate([[1, 4, 6]], 20, seeds=[5])
+    crowd = BatchedSpeculativeDecoder(target, far_draft, FixedBatchDepth(3), sampling, max_batch=4).generate(PROMPTS[1:4] + [[1, 4, 6]], 20, seeds=[1, 2, 3, 5])
+    assert alone[0].token_ids == crowd[-1].token_ids
+
+
+def test_batch_policies_and_bad_settings_are_named(target, near_draft):
+    schedule = BatchSizeSchedule("1-2=4,3-8=2,9-64=0")
+    assert [schedule.depth(BatchState(b, 0, 8)) for b in (1, 2, 3, 8, 9, 64)] == [4, 4, 2, 2, 0, 0]
+    with pytest.raises(ValueError, match="no depth for batch size 65"):
+        schedule.depth(BatchState(65, 0, 8))
+    assert FixedBatchDepth(6).depth(BatchState(1, 0, 4)) == 4
+    for spec, message in (("static:x", "unknown batch policy"), ("schedule:1-2", "LOW-HIGH=DEPTH"), ("schedule:3-1=2", "LOW <= HIGH")):
+        with pytest.raises(ValueError, match=message):
+            make_batch_policy(spec)
+    with pytest.raises(ValueError, match="standalone draft model"):
+        BatchedSpeculativeDecoder(target, object(), FixedBatchDepth(1))
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchedSpeculativeDecoder(target, near_draft, FixedBatchDepth(1), max_batch=0)
