@@ -73,3 +73,17 @@ def test_sampled_speculation_runs_with_the_reduced_vocabulary_draft(pair):
     decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("heuristic"), SamplingConfig(0.7), tokenizer=pair.tokenizer)
     result = decoder.generate(ids, 24, seed=1)
     assert 1 <= len(result.token_ids) <= 24 and all(1 <= r.emitted <= r.verified + 1 for r in result.rounds)
+
+
+def test_every_request_of_a_mixed_batch_is_greedy_identical_on_the_real_pair(pair, greedy_runs):
+    """Two test prompts per language, four at a time (requests join as others finish), static:3, fp32: each
+    output equals plain greedy decoding of that prompt alone."""
+    from adaptive.batch_decoder import BatchedSpeculativeDecoder
+    from policies.batch import FixedBatchDepth
+
+    prompts = [chat_ids(pair.tokenizer, load_prompts("test", lang=lang)[i]["prompt"]) for i in (1, 2) for lang in LANGUAGES]
+    decoder = BatchedSpeculativeDecoder(pair.target, pair.draft, FixedBatchDepth(3), tokenizer=pair.tokenizer, max_batch=4)
+    results = decoder.generate(prompts, max_new_tokens=32)
+    plain = [greedy_runs[lang][1].token_ids for lang in LANGUAGES] + [generate_plain(pair.target, ids, 32).token_ids for ids in prompts[4:]]
+    assert [r.token_ids for r in results] == plain
+    assert sum(sum(r.accepted) for r in results) > 32
