@@ -133,3 +133,31 @@ def plot_training(folder: Path) -> None:
     (folder / "plots").mkdir(exist_ok=True)
     figure.savefig(folder / "plots" / "training.png", dpi=110)
     plt.close(figure)
+
+
+def plot_load_test(result: dict, path: Path) -> None:
+    """Against load (one point per load of the run): throughput, goodput and p50 / p95 TPOT per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = list(result["loads"])
+    policies = list(result["loads"][labels[0]]["summary"])
+    figure, (speed, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in policies:
+        overall = [result["loads"][label]["summary"][name]["all"] for label in labels]
+        line = speed.plot(labels, [s["throughput"] for s in overall], marker="o", label=f"{name} throughput")[0]
+        speed.plot(labels, [s["goodput"] for s in overall], marker="x", linestyle="--", color=line.get_color(), label=f"{name} goodput")
+        latency.plot(labels, [s["tpot_ms"]["p50"] for s in overall], marker="o", color=line.get_color(), label=f"{name} p50")
+        latency.plot(labels, [s["tpot_ms"]["p95"] for s in overall], marker="^", linestyle=":", color=line.get_color(), label=f"{name} p95")
+    speed.set(xlabel="load", ylabel="tokens / s", title="throughput and goodput")
+    latency.set(xlabel="load", ylabel="ms per output token (TPOT)", title="latency per output token")
+    for axis in (speed, latency):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        axis.tick_params(axis="x", labelrotation=20)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -50,6 +50,7 @@ def model_folders(tmp_path_factory):
     """A tiny target/draft pair with a real (word-level) tokenizer, saved like any local model."""
     words = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "and", "then", "slept", "here", "now", "."]
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>")
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
     target = tiny_llama(0, dtype=torch.float32)
     draft = perturbed_copy(target, 0.3, seed=1)
     folders = {}
@@ -181,3 +182,31 @@ def test_the_copy_drafter_decodes_and_profiles_from_the_command_line(model_folde
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert CostProfile.load(out).c > 0
+
+
+def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folders, tmp_path):
+    """Closed-loop clients at concurrency 1 and 2 and Poisson arrivals, plain batched decoding beside two
+    batch policies: every greedy request identical to plain, a report, a JSON result and a plot."""
+    import json
+
+    out = tmp_path / "load"
+    pair = ("--target", model_folders["target"], "--draft", model_folders["draft"])
+    common = ("--policy", "static:3", "--policy", "schedule:1-1=4,2-8=2", "--requests", "6", "--max-new-tokens", "12")
+    result = run("loadtest", *pair, *common, "--concurrency", "1,2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "result.json").read_text())
+    assert list(data["loads"]) == ["concurrency 1", "concurrency 2"]
+    for load in data["loads"].values():
+        assert list(load["summary"]) == ["plain", "static:3", "schedule:1-1=4,2-8=2"]
+        for entry in load["summary"].values():
+            assert entry["divergent_requests"] == 0 and entry["all"]["requests"] == 6
+            assert entry["all"]["tpot_ms"]["p50"] <= entry["all"]["tpot_ms"]["p95"] and entry["all"]["throughput"] > 0
+        assert load["summary"]["static:3"]["all"]["accepted_per_round"] > 0 == load["summary"]["plain"]["all"]["accepted_per_round"]
+    assert "### concurrency 2 (6 requests)" in result.stdout and (out / "report.md").is_file() and (out / "load.png").is_file()
+    rated = run("loadtest", *pair, *common, "--rate", "200", "--max-batch", "4", "--out", str(tmp_path / "rate"))
+    assert rated.returncode == 0, rated.stderr
+    assert "### rate 200/s" in rated.stdout
+    neither = run("loadtest", *pair, "--requests", "2")
+    assert neither.returncode == 2 and "give --concurrency" in neither.stderr
+    bad = run("loadtest", *pair, "--policy", "fast", "--concurrency", "1")
+    assert bad.returncode == 2 and "unknown batch policy 'fast'" in bad.stderr

@@ -3,6 +3,7 @@
 * :mod:`lab.cli.decoding`: ``exactness``, ``costmodel``, ``generate``, ``demo``
 * :mod:`lab.cli.data`: ``profile``, ``record``, ``distill``
 * :mod:`lab.cli.experiments`: ``train``, ``evaluate``, ``retarget``
+* :mod:`lab.cli.serving`: ``loadtest``
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lab.cli import data, decoding, experiments
+from lab.cli import data, decoding, experiments, serving
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``adaptive`` command."""
     parser = argparse.ArgumentParser(prog="adaptive", description="Exact speculative decoding with draft policies judged by wall-clock throughput.")
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (decoding, data, experiments):
+    for group in (decoding, data, experiments, serving):
         group.register(commands)
     return parser
 

@@ -1,0 +1,135 @@
+"""Commands about serving several requests at once: ``loadtest``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.sampling import SamplingConfig
+from lab.cli.common import add_pair_arguments, pair_from_arguments
+from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
+from lab.plots import plot_load_test
+from lab.report import format_table
+from policies.batch import make_batch_policy
+
+BASELINE = "plain"
+
+
+def _integers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from error
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from error
+
+
+def report_lines(result: dict) -> list[str]:
+    """A Markdown table per load: per policy throughput, goodput, latency percentiles and the gain over plain."""
+    lines = []
+    for label, data in result["loads"].items():
+        rows = []
+        for name, entry in data["summary"].items():
+            a, gain = entry["all"], entry["versus_baseline"]
+            rows.append(
+                [
+                    name,
+                    f"{a['throughput']:.1f}",
+                    f"{a['goodput']:.1f}",
+                    f"{a['ttft_ms']['p50']:.0f} / {a['ttft_ms']['p95']:.0f}",
+                    f"{a['tpot_ms']['p50']:.1f} / {a['tpot_ms']['p95']:.1f} / {a['tpot_ms']['p99']:.1f}",
+                    f"{a['itl_ms']['p50']:.1f} / {a['itl_ms']['p95']:.1f} / {a['itl_ms']['p99']:.1f}",
+                    f"{a['e2e_ms']['p50'] / 1e3:.2f} / {a['e2e_ms']['p95'] / 1e3:.2f}",
+                    f"{a['accepted_per_round']:.2f}",
+                    f"{gain['throughput_ratio']:.3f}",
+                    f"{gain['request_speed_ratio']:.3f} [{gain['low']:.3f}, {gain['high']:.3f}]",
+                    entry["divergent_requests"],
+                    f"{entry['peak_mib']:.0f}" if entry["peak_mib"] else "n/a",
+                ]
+            )
+        header = [
+            "policy",
+            "tok/s",
+            "goodput",
+            "TTFT ms p50/p95",
+            "TPOT ms p50/p95/p99",
+            "ITL ms p50/p95/p99",
+            "e2e s p50/p95",
+            "accepted/round",
+            "throughput vs plain",
+            "request speed vs plain [95 %]",
+            "diverged",
+            "peak MiB",
+        ]
+        lines += [f"### {label} ({data['load']['requests']} requests)", "", format_table(header, rows), ""]
+    return lines
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    if (args.concurrency is None) == (args.rate is None):
+        raise ValueError("give --concurrency N[,N...] (closed-loop clients) or --rate R[,R...] (Poisson arrivals per second)")
+    policies = [BASELINE] + [spec for spec in args.policy if spec != BASELINE]
+    factories = {spec: (lambda s=spec: make_batch_policy(s)) for spec in policies}
+    for factory in factories.values():
+        factory()  # a bad spec fails before the models load
+    closed = tuple(Load(args.requests, concurrency=c, duration=args.duration) for c in args.concurrency or ())
+    loads = closed + tuple(Load(args.requests, rate=r, duration=args.duration, max_batch=args.max_batch) for r in args.rate or ())
+    settings = LoadTestSettings(loads, args.max_new_tokens, args.max_depth, args.repeats, args.slo_tpot_ms, args.seed)
+    pair = pair_from_arguments(args)
+    prompts = mixed_prompts(pair, args.requests, args.split)
+    sampling = SamplingConfig(args.temperature)
+    warm_up = BatchedSpeculativeDecoder(pair.target, pair.draft, make_batch_policy(policies[-1]), sampling, max_depth=args.max_depth)
+    run_load(warm_up, [ids for _, ids in prompts[:2]], Load(2, concurrency=2), max_new_tokens=8)
+    result = load_test(pair, factories, settings, sampling, prompts)
+    result["setup"] = {
+        "pair": args.pair or f"{args.target} + {args.draft}",
+        "dtype": args.dtype,
+        "temperature": args.temperature,
+        "split": args.split,
+        "policies": policies,
+    }
+    out = Path(args.out or f"loadtests/{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    lines = report_lines(result)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    plot_load_test(result, out / "load.png")
+    print("\n".join(lines))
+    print(f"results, report and plot in {out}/")
+    return 0
+
+
+def register(commands) -> None:
+    """Add this module's subcommands to the ``adaptive`` parser."""
+    load = commands.add_parser(
+        "loadtest", help="batched speculative decoding under load: latency percentiles, goodput, throughput, memory; plain batched decoding beside"
+    )
+    add_pair_arguments(load)
+    load.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help="batch policy (repeat for several): static:D, schedule:LOW-HIGH=D,... (a depth per batch size); plain batched decoding always runs too",
+    )
+    load.add_argument("--concurrency", type=_integers, help="closed-loop clients, e.g. 1,2,4,8 (one run per value)")
+    load.add_argument("--rate", type=_numbers, help="Poisson arrivals per second, e.g. 0.5,1,2 (one run per value)")
+    load.add_argument("--requests", type=int, default=16, help="requests per run (test-split prompts, languages taking turns; default 16)")
+    load.add_argument("--duration", type=float, help="no new requests after this many seconds of a run")
+    load.add_argument("--max-batch", type=int, default=8, help="with --rate: requests decoded at once (default 8)")
+    load.add_argument("--max-new-tokens", type=int, default=128)
+    load.add_argument("--max-depth", type=int, default=8, help="cap on drafted tokens per round")
+    load.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    load.add_argument("--repeats", type=int, default=1, help="runs per policy and load, policy order rotating (default 1)")
+    load.add_argument("--slo-tpot-ms", type=float, default=100.0, help="goodput counts requests at or under this time per output token (default 100 ms)")
+    load.add_argument("--split", default="test", choices=["train", "val", "test"])
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--out", help="folder for result.json, report.md and load.png (default loadtests/DATE)")
+    load.set_defaults(func=cmd_loadtest)

@@ -1,0 +1,209 @@
+"""Load tests of the batched decoder (``adaptive loadtest``): requests from the test split, mixed languages,
+under closed-loop clients (a fixed concurrency) or Poisson arrivals (a fixed rate), bounded in count and
+time; latency percentiles, goodput, throughput and peak memory per policy, per language and overall.
+
+Per request: TTFT (submission to first token, queueing included), TPOT (time per output token after the
+first: (last − first token) / (tokens − 1)), inter-token gaps (tokens of one round arrive together: the
+gaps inside a round are 0), end-to-end latency. Goodput counts the tokens of requests whose TPOT meets the
+target (``slo_tpot_ms``), per second of the run. Each policy runs on the same requests in the same order;
+with repeats, the order of policies rotates. A policy's gain over plain batched decoding is the ratio of
+their throughputs, with a 95 % paired-bootstrap interval over requests (tokens and end-to-end seconds of
+each request, as :func:`lab.evaluation.paired_ratio` pairs them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from adaptive.batch_decoder import BatchedSpeculativeDecoder, RequestResult
+from adaptive.pair import ModelPair
+from adaptive.policy import BatchPolicy
+from adaptive.sampling import SamplingConfig
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.evaluation import paired_ratio, verdict
+from lab.memory import PeakMemory
+
+PERCENTILES = (50, 95, 99)
+
+
+@dataclass(frozen=True)
+class Load:
+    """How requests arrive: ``concurrency`` closed-loop clients (each sends its next request when the last
+    one finished), or Poisson arrivals at ``rate`` requests per second; ``requests`` in all, no new ones
+    after ``duration`` seconds (None: no time bound)."""
+
+    requests: int
+    concurrency: int | None = None
+    rate: float | None = None
+    duration: float | None = None
+    max_batch: int = 8
+    """Open loop: requests decoded at once (closed loop: the concurrency)."""
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("give exactly one of concurrency (closed-loop clients) and rate (Poisson arrivals per second)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError(f"rate must be > 0 requests per second, got {self.rate}")
+        if self.requests < 1:
+            raise ValueError(f"requests must be >= 1, got {self.requests}")
+
+    @property
+    def batch(self) -> int:
+        return self.concurrency if self.concurrency is not None else self.max_batch
+
+    @property
+    def label(self) -> str:
+        return f"concurrency {self.concurrency}" if self.concurrency is not None else f"rate {self.rate:g}/s"
+
+
+def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tuple[str, list[int]]]:
+    """``count`` chat-formatted prompts of ``split``, the languages taking turns: (language, token ids)."""
+    by_lang = {lang: load_prompts(split, lang=lang) for lang in LANGUAGES}
+    chosen = [(lang, by_lang[lang][i // len(LANGUAGES) % len(by_lang[lang])]["prompt"]) for i, lang in zip(range(count), _cycle(LANGUAGES))]
+    return [(lang, chat_ids(pair.tokenizer, text)) for lang, text in chosen]
+
+
+def _cycle(items: Sequence[str]):
+    while True:
+        yield from items
+
+
+def run_load(
+    decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
+) -> tuple[list[RequestResult], float]:
+    """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load``; returns the finished
+    requests in submission order and the run's wall seconds (first submission to last token)."""
+    clock, start = decoder.clock, decoder.clock()
+    arrivals = None
+    if load.rate is not None:
+        arrivals = list(start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
+    submitted: list[int] = []
+
+    def submit(index: int, at: float | None = None) -> None:
+        submitted.append(decoder.submit(prompts[index], max_new_tokens, seed=seed + index, at=at))
+
+    while True:
+        now = clock()
+        open_for_more = load.duration is None or now - start < load.duration
+        if arrivals is None:
+            while open_for_more and len(submitted) < len(prompts) and len(decoder.queue) + len(decoder.batch) < load.concurrency:
+                submit(len(submitted))
+        else:
+            while open_for_more and len(submitted) < len(prompts) and arrivals[len(submitted)] <= now:
+                submit(len(submitted), at=arrivals[len(submitted)])
+            if decoder.idle and open_for_more and len(submitted) < len(prompts):
+                time.sleep(max(0.0, arrivals[len(submitted)] - clock()))
+                continue
+        if decoder.idle:
+            break
+        decoder.step()
+    results = [decoder.finished.pop(i) for i in submitted]
+    return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start
+
+
+def request_row(result: RequestResult, lang: str) -> dict:
+    """What a report needs of one finished request."""
+    n = len(result.token_ids)
+    return {
+        "id": result.id,
+        "lang": lang,
+        "tokens": n,
+        "seconds": result.latency,
+        "ttft": result.first_token_latency,
+        "tpot": (result.token_times[-1] - result.token_times[0]) / (n - 1) if n > 1 else float("nan"),
+        "gaps": result.inter_token_latencies,
+        "rounds": len(result.accepted),
+        "accepted": sum(result.accepted),
+        "token_ids": result.token_ids,
+    }
+
+
+def summary(rows: list[dict], wall: float, slo_tpot_ms: float) -> dict:
+    """Latency percentiles (ms), throughput and goodput (tokens/s over the run's wall time) of some requests."""
+
+    def percentiles(values: list[float]) -> dict:
+        clean = [v for v in values if v == v]
+        return {f"p{q}": float(np.percentile(clean, q) * 1e3) if clean else float("nan") for q in PERCENTILES}
+
+    tokens = sum(r["tokens"] for r in rows)
+    meeting = sum(r["tokens"] for r in rows if r["tpot"] == r["tpot"] and r["tpot"] * 1e3 <= slo_tpot_ms)
+    return {
+        "requests": len(rows),
+        "tokens": tokens,
+        "ttft_ms": percentiles([r["ttft"] for r in rows]),
+        "tpot_ms": percentiles([r["tpot"] for r in rows]),
+        "itl_ms": percentiles([g for r in rows for g in r["gaps"]]),
+        "e2e_ms": percentiles([r["seconds"] for r in rows]),
+        "throughput": tokens / wall if wall > 0 else 0.0,
+        "goodput": meeting / wall if wall > 0 else 0.0,
+        "accepted_per_round": sum(r["accepted"] for r in rows) / max(1, sum(r["rounds"] for r in rows)),
+    }
+
+
+@dataclass(frozen=True)
+class LoadTestSettings:
+    loads: tuple[Load, ...]
+    max_new_tokens: int = 128
+    max_depth: int = 8
+    repeats: int = 1
+    slo_tpot_ms: float = 100.0
+    seed: int = 0
+
+
+def load_test(
+    pair: ModelPair, policies: dict[str, Callable[[], BatchPolicy]], settings: LoadTestSettings, sampling: SamplingConfig, prompts: list[tuple[str, list[int]]]
+) -> dict:
+    """Every policy under every load, ``repeats`` times (policy order rotating), on the same requests.
+    Returns per load: per policy the runs' request rows, wall seconds and peak memory, and the summaries
+    (per language and overall, over all repeats) with each policy's throughput ratio to the first policy."""
+    names = list(policies)
+    out: dict = {"settings": {**asdict(settings), "loads": [asdict(load) for load in settings.loads]}, "loads": {}}
+    total = len(settings.loads) * settings.repeats * len(names)
+    with tqdm(total=total, desc="load test", unit="run") as bar:
+        for load in settings.loads:
+            runs: dict[str, list[dict]] = {name: [] for name in names}
+            for repeat in range(settings.repeats):
+                for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+                    decoder = BatchedSpeculativeDecoder(
+                        pair.target, pair.draft, policies[name](), sampling, tokenizer=pair.tokenizer, max_depth=settings.max_depth, max_batch=load.batch
+                    )
+                    with PeakMemory(pair.target.device) as peak:
+                        results, wall = run_load(decoder, [ids for _, ids in prompts[: load.requests]], load, settings.max_new_tokens, settings.seed)
+                    rows = [request_row(r, prompts[i][0]) for i, r in enumerate(results)]
+                    runs[name].append({"rows": rows, "wall": wall, "peak_mib": peak.mib})
+                    bar.update()
+            out["loads"][load.label] = {"load": asdict(load), "runs": runs, "summary": summarise_load(runs, names[0], settings.slo_tpot_ms)}
+    return out
+
+
+def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: float) -> dict:
+    """Per policy: summaries per language and overall (repeats pooled: wall seconds summed), peak memory,
+    and the throughput ratio to ``baseline`` with its paired interval over requests."""
+    result = {}
+    for name, repeats in runs.items():
+        rows = [row for run in repeats for row in run["rows"]]
+        wall = sum(run["wall"] for run in repeats)
+        per_lang = {lang: summary([r for r in rows if r["lang"] == lang], wall, slo_tpot_ms) for lang in LANGUAGES if any(r["lang"] == lang for r in rows)}
+        entry = {"all": summary(rows, wall, slo_tpot_ms), **per_lang, "peak_mib": max((run["peak_mib"] or 0.0) for run in repeats)}
+        result[name] = entry
+    for name, repeats in runs.items():
+        rows = [row for run in repeats for row in run["rows"]]
+        base = [row for run in runs[baseline] for row in run["rows"]]
+        ratio, low, high = paired_ratio([(r["tokens"], r["seconds"]) for r in rows], [(r["tokens"], r["seconds"]) for r in base])
+        throughput = result[name]["all"]["throughput"] / result[baseline]["all"]["throughput"]
+        result[name]["versus_baseline"] = {
+            "request_speed_ratio": ratio,
+            "low": low,
+            "high": high,
+            "verdict": verdict(low, high),
+            "throughput_ratio": throughput,
+        }
+        result[name]["divergent_requests"] = sum(a["token_ids"] != b["token_ids"] for a, b in zip(rows, base))
+    return result
