@@ -193,7 +193,13 @@ class BatchedSpeculativeDecoder:
             return None
         clock = self.clock
         t0 = clock()
-        state = BatchState(len(self.batch), len(self.queue), self.max_depth, tuple(tuple(r.accepted[-RECENT_ROUNDS:]) for r in self.batch))
+        state = BatchState(
+            len(self.batch),
+            len(self.queue),
+            self.max_depth,
+            tuple(tuple(r.accepted[-RECENT_ROUNDS:]) for r in self.batch),
+            tuple(tuple(r.drafted[-RECENT_ROUNDS:]) for r in self.batch),
+        )
         depth = self.policy.depth(state)
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"batch policy {self.policy.name!r} chose depth {depth}; allowed: 0..{self.max_depth}")

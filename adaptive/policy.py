@@ -174,6 +174,8 @@ class BatchState:
     """The decoder's cap on drafted tokens per round."""
     recent_accepted: tuple[tuple[int, ...], ...] = ()
     """Per request in the batch: accepted lengths of its most recent rounds, oldest first."""
+    recent_drafted: tuple[tuple[int, ...], ...] = ()
+    """Per request: the depths of those rounds."""
 
 
 @runtime_checkable

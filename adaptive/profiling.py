@@ -144,3 +144,54 @@ def profile_pair(
     result["dtype"] = str(target.dtype).removeprefix("torch.")
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return CostProfile.from_dict(result)
+
+
+def profile_batches(
+    target,
+    draft,
+    *,
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8),
+    max_tokens: int = 9,
+    context: int = 128,
+    repetitions: int = 5,
+    seed: int = 0,
+) -> dict:
+    """Batched forward times on this machine, as the batched decoder runs them
+    (:class:`~adaptive.batched_model.BatchedCachedModel`, every row at ``context`` cached tokens): the target
+    fed n = 1..``max_tokens`` tokens per row and the draft fed one, for each batch size. Returns the JSON
+    document :class:`~adaptive.batch_profile.BatchCostProfile` reads. Sweeps interleave every point, as
+    :func:`profile_pair` does."""
+    from adaptive.batched_model import BatchedCachedModel
+
+    clock = Clock(target.device)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    from adaptive.batch_profile import FORMAT
+
+    document: dict = {"format": FORMAT, "context": context, "repetitions": repetitions, "batch_sizes": list(batch_sizes), "target": {}, "draft": {}}
+    with tqdm(total=len(batch_sizes) * (repetitions + 1), desc="batch profile", unit="sweep") as progress:
+        for batch in batch_sizes:
+            models = {}
+            for name, model in (("target", target), ("draft", draft)):
+                models[name] = BatchedCachedModel(model)
+                models[name].add_rows([torch.randint(0, vocab, (context,), generator=generator).tolist() for _ in range(batch)])
+            feeds = torch.randint(0, vocab, (batch, max_tokens), generator=generator).tolist()
+            points = [("draft", 1)] + [("target", n) for n in range(1, max_tokens + 1)]
+            times: list[list[float]] = [[] for _ in points]
+            for sweep in range(repetitions + 1):
+                for index, (name, n) in enumerate(points):
+                    model = models[name]
+                    start = clock()
+                    model.forward([row[:n] for row in feeds])
+                    seconds = clock() - start
+                    for row in range(batch):
+                        model.rollback(row, context)
+                    if sweep:
+                        times[index].append(seconds)
+                progress.update()
+            document["draft"][str(batch)] = _summary(times[0])
+            document["target"][str(batch)] = {str(n): _summary(times[n]) for n in range(1, max_tokens + 1)}
+    document["hardware"] = hardware_description(target.device)
+    document["dtype"] = str(target.dtype).removeprefix("torch.")
+    document["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return document

@@ -1,8 +1,31 @@
-"""Batch policies: one draft depth per batched round (:class:`~adaptive.policy.BatchPolicy`)."""
+"""Batch policies: one draft depth per batched round (:class:`~adaptive.policy.BatchPolicy`).
+
+* :class:`FixedBatchDepth` (``static:D``, ``plain``): the same depth at every load.
+* :class:`BatchSizeSchedule` (``schedule:1-2=4,3-8=2``): a depth per batch-size range, as vLLM's
+  ``num_speculative_tokens_per_batch_size``.
+* :class:`CostModelBatch` (``costmodel``): the depth of the highest modelled throughput at this batch size,
+  from the batched cost profile and the batch's pooled acceptance.
+* :class:`GoodputRule` (``goodput``): SmartSpec's rule — each request's own acceptance estimate, the depth
+  maximising the batch's expected tokens per second of the round.
+* :class:`SpeculationOff` (``off-above:N:SPEC``): SPEC while at most N requests decode or wait, plain above.
+"""
 
 from __future__ import annotations
 
-from adaptive.policy import BatchState
+from adaptive.batch_profile import BatchCostProfile
+from adaptive.costmodel import expected_tokens
+from adaptive.policy import BatchPolicy, BatchState
+
+PRIOR_ALPHA, PRIOR_WEIGHT = 0.5, 2.0
+"""Acceptance assumed before a request's first rounds, and how many rounds' worth it counts."""
+
+
+def acceptance_estimate(accepted: tuple[int, ...], drafted: tuple[int, ...]) -> float:
+    """Per-token acceptance α from rounds' accepted lengths and depths: accepted tokens over accepted tokens
+    plus rejections (the maximum-likelihood estimate of a geometric run cut at the depth), with a prior."""
+    rejections = sum(a < d for a, d in zip(accepted, drafted))
+    tokens = sum(accepted)
+    return (tokens + PRIOR_ALPHA * PRIOR_WEIGHT) / (tokens + rejections + PRIOR_WEIGHT)
 
 
 class FixedBatchDepth:
@@ -19,8 +42,8 @@ class FixedBatchDepth:
 
 
 class BatchSizeSchedule:
-    """A depth per batch-size range, like vLLM's ``num_speculative_tokens_per_batch_size``: spec
-    ``"1-2=4,3-8=2,9-64=0"`` (ranges inclusive; a batch size no range covers is refused)."""
+    """A depth per batch-size range: spec ``"1-2=4,3-8=2,9-64=0"`` (ranges inclusive; a batch size no range
+    covers is refused)."""
 
     def __init__(self, spec: str) -> None:
         self.ranges: list[tuple[int, int, int]] = []
@@ -42,8 +65,60 @@ class BatchSizeSchedule:
         raise ValueError(f"the schedule {self.name!r} has no depth for batch size {state.batch_size}")
 
 
-def make_batch_policy(spec: str) -> FixedBatchDepth | BatchSizeSchedule:
-    """``plain``, ``static:D`` or ``schedule:LOW-HIGH=D,...``."""
+class CostModelBatch:
+    """argmax over γ of B · E(α̂, γ) / (γ · draft(B) + target(B, γ + 1)), α̂ pooled over the batch's recent rounds."""
+
+    name = "costmodel"
+
+    def __init__(self, profile: BatchCostProfile) -> None:
+        self.profile = profile
+
+    def depth(self, state: BatchState) -> int:
+        accepted = tuple(a for rounds in state.recent_accepted for a in rounds)
+        drafted = tuple(d for rounds in state.recent_drafted for d in rounds)
+        return self.profile.best_depth(state.batch_size, acceptance_estimate(accepted, drafted), state.max_depth)
+
+
+class GoodputRule:
+    """SmartSpec's rule: argmax over γ of Σ_requests E(α̂_r, γ) / (γ · draft(B) + target(B, γ + 1)), each
+    request's α̂_r from its own recent rounds (arXiv 2406.14066)."""
+
+    name = "goodput"
+
+    def __init__(self, profile: BatchCostProfile) -> None:
+        self.profile = profile
+
+    def depth(self, state: BatchState) -> int:
+        alphas = [acceptance_estimate(a, d) for a, d in zip(state.recent_accepted, state.recent_drafted)] or [PRIOR_ALPHA]
+        deepest = min(state.max_depth, self.profile.max_depth)
+
+        def goodput(depth: int) -> float:
+            return sum(expected_tokens(alpha, depth) for alpha in alphas) / self.profile.round_ms(state.batch_size, depth)
+
+        return max(range(deepest + 1), key=lambda depth: (goodput(depth), -depth))
+
+
+class SpeculationOff:
+    """``inner``'s depth while at most ``limit`` requests decode or wait; plain batched decoding above."""
+
+    def __init__(self, limit: int, inner: BatchPolicy) -> None:
+        if limit < 1:
+            raise ValueError(f"the load limit must be >= 1 request, got {limit}")
+        self.limit, self.inner = limit, inner
+        self.name = f"off-above:{limit}:{inner.name}"
+
+    def depth(self, state: BatchState) -> int:
+        return 0 if state.batch_size + state.waiting > self.limit else self.inner.depth(state)
+
+
+BATCH_POLICY_HELP = (
+    "plain; static:D (D drafted tokens per round); schedule:LOW-HIGH=D,... (a depth per batch size); "
+    "costmodel and goodput (need a batched cost profile); off-above:N:SPEC (SPEC up to N requests, plain above)"
+)
+
+
+def make_batch_policy(spec: str, profile: BatchCostProfile | None = None) -> BatchPolicy:
+    """A batch policy from its spec string (see :data:`BATCH_POLICY_HELP`)."""
     name, _, arg = spec.partition(":")
     if name == "plain" and not arg:
         return FixedBatchDepth(0)
@@ -51,4 +126,12 @@ def make_batch_policy(spec: str) -> FixedBatchDepth | BatchSizeSchedule:
         return FixedBatchDepth(int(arg))
     if name == "schedule" and arg:
         return BatchSizeSchedule(arg)
-    raise ValueError(f"unknown batch policy {spec!r}; allowed: plain, static:D (D drafted tokens per round), schedule:LOW-HIGH=D,... (a depth per batch size)")
+    if name in ("costmodel", "goodput") and not arg:
+        if profile is None:
+            raise ValueError(f"batch policy {spec!r} needs a batched cost profile (adaptive profile --batches)")
+        return CostModelBatch(profile) if name == "costmodel" else GoodputRule(profile)
+    if name == "off-above":
+        limit, _, inner = arg.partition(":")
+        if limit.isdigit() and inner:
+            return SpeculationOff(int(limit), make_batch_policy(inner, profile))
+    raise ValueError(f"unknown batch policy {spec!r}; allowed: {BATCH_POLICY_HELP}")

@@ -10,12 +10,14 @@ import torch
 from test_decoder_exactness import deviation_statistics, exact_two_token_distribution
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.batch_profile import BatchCostProfile
 from adaptive.batched_model import BatchedCachedModel
 from adaptive.decoder import generate_plain
 from adaptive.policy import BatchState
+from adaptive.profiling import profile_batches
 from adaptive.sampling import SamplingConfig
 from adaptive.verification import naive_correction, residual_correction
-from policies.batch import BatchSizeSchedule, FixedBatchDepth, make_batch_policy
+from policies.batch import BatchSizeSchedule, CostModelBatch, FixedBatchDepth, GoodputRule, make_batch_policy
 
 PROMPTS = [[1, 4, 6], [3], [2, 2, 9, 11, 5], [7, 8], [1, 4, 6, 6, 6, 6, 1], [5, 9], [12, 0, 3, 3]]
 
@@ -123,3 +125,46 @@ def test_batch_policies_and_bad_settings_are_named(target, near_draft):
         BatchedSpeculativeDecoder(target, object(), FixedBatchDepth(1))
     with pytest.raises(ValueError, match="max_batch"):
         BatchedSpeculativeDecoder(target, near_draft, FixedBatchDepth(1), max_batch=0)
+
+
+def synthetic_profile(per_token_ms: dict[int, float], draft_ms: float = 2.0, depth: int = 6) -> BatchCostProfile:
+    """A batched profile: a target forward costs 30 ms plus per_token_ms[B] per extra token per row."""
+    sizes = sorted(per_token_ms)
+    document = {
+        "format": "adaptive-draft/batch-profile/1",
+        "context": 128,
+        "batch_sizes": sizes,
+        "target": {str(b): {str(n): {"median_ms": 30.0 * (1 + b / 8) + per_token_ms[b] * (n - 1)} for n in range(1, depth + 2)} for b in sizes},
+        "draft": {str(b): {"median_ms": draft_ms} for b in sizes},
+    }
+    return BatchCostProfile.from_dict(document)
+
+
+def test_the_cost_model_drafts_less_as_verification_gets_dearer_with_the_batch():
+    """Flat verification at batch 1, steep at batch 8: the cost model and the goodput rule draft deep alone
+    and not at all in a full batch; the goodput rule weighs each request's own acceptance."""
+    profile = synthetic_profile({1: 0.5, 8: 60.0})
+    assert profile.target(4, 2) == pytest.approx((profile.target(1, 2) * 4 + profile.target(8, 2) * 3) / 7)
+    assert profile.best_depth(1, 0.8) >= 4 and profile.best_depth(8, 0.8) == 0
+    with pytest.raises(ValueError, match="outside the measured 1..8"):
+        profile.target(9, 1)
+    hits = ((4, 4, 4, 4),)
+
+    def state(batch: int, accepted: tuple) -> BatchState:
+        return BatchState(batch, 0, 6, accepted * batch, ((4, 4, 4, 4),) * batch)
+
+    for policy in (CostModelBatch(profile), GoodputRule(profile)):
+        assert policy.depth(state(1, hits)) >= 4 and policy.depth(state(8, hits)) == 0
+        assert policy.depth(state(1, ((0, 0, 0, 0),))) < policy.depth(state(1, hits))
+    off = make_batch_policy("off-above:2:static:4")
+    assert [off.depth(BatchState(b, w, 8)) for b, w in ((1, 0), (2, 0), (2, 1), (8, 0))] == [4, 4, 0, 0]
+    with pytest.raises(ValueError, match="needs a batched cost profile"):
+        make_batch_policy("goodput")
+
+
+def test_the_batched_profile_times_the_decoders_own_forwards(target, near_draft):
+    document = profile_batches(target, near_draft, batch_sizes=(1, 3), max_tokens=3, context=16, repetitions=2)
+    profile = BatchCostProfile.from_dict(document)
+    assert profile.batch_sizes == (1, 3) and profile.max_depth == 2
+    assert all(profile.target(b, n) > 0 for b in (1, 2, 3) for n in (1, 2, 3)) and profile.draft(2) > 0
+    assert profile.best_depth(2, 0.5) in range(3)

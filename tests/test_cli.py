@@ -210,3 +210,33 @@ def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folder
     assert neither.returncode == 2 and "give --concurrency" in neither.stderr
     bad = run("loadtest", *pair, "--policy", "fast", "--concurrency", "1")
     assert bad.returncode == 2 and "unknown batch policy 'fast'" in bad.stderr
+
+
+def test_a_batched_profile_feeds_the_load_aware_baselines(model_folders, tmp_path):
+    pair = ("--target", model_folders["target"], "--draft", model_folders["draft"])
+    profile = tmp_path / "batch.json"
+    measured = run("profile", *pair, "--batches", "1,2", "--max-verify", "4", "--reference-context", "16", "--repetitions", "2", "--out", str(profile))
+    assert measured.returncode == 0, measured.stderr
+    assert "best depth at alpha 0.5" in measured.stdout and profile.is_file()
+    policies = ("--policy", "costmodel", "--policy", "goodput", "--policy", "off-above:1:static:2")
+    result = run(
+        "loadtest",
+        *pair,
+        *policies,
+        "--batch-profile",
+        str(profile),
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--max-depth",
+        "3",
+        "--out",
+        str(tmp_path / "l"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| costmodel " in result.stdout and "| goodput " in result.stdout and "| off-above:1:static:2 " in result.stdout
+    missing = run("loadtest", *pair, "--policy", "goodput", "--concurrency", "1")
+    assert missing.returncode == 2 and "needs a batched cost profile" in missing.stderr

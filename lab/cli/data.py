@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
+from adaptive.batch_profile import BatchCostProfile
 from adaptive.copy_draft import CopyDraft
 from adaptive.models import cache_root
 from adaptive.pair import load_target
-from adaptive.profiling import profile_pair
+from adaptive.profiling import profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from adaptive.workload import COPY_TASKS, TASKS
@@ -29,6 +30,24 @@ TASK_GROUPS = {"copy-heavy": COPY_TASKS, "all": TASKS}
 """Names for several task types at once (their prompts take turns within each language)."""
 
 
+def _profile_batches(pair, args: argparse.Namespace) -> int:
+    """``adaptive profile --batches``: the batched cost profile, and the depth its cost model picks per batch size."""
+    sizes = tuple(int(x) for x in args.batches.split(","))
+    document = profile_batches(
+        pair.target, pair.draft, batch_sizes=sizes, max_tokens=args.max_verify, context=args.reference_context, repetitions=args.repetitions
+    )
+    profile = BatchCostProfile.from_dict({**document, "pair": pair.name})
+    profile.save(args.out)
+    print(f"pair {pair.name}, {document['dtype']}, {document['hardware']['processor']} ({document['hardware']['torch_threads']} threads), medians")
+    rows = [[b, f"{profile.draft(b):.1f}", *(f"{profile.target(b, n):.1f}" for n in range(1, args.max_verify + 1))] for b in sizes]
+    print(format_table(["batch", "draft ms", *(f"target {n} ms" for n in range(1, args.max_verify + 1))], rows))
+    alphas = (0.3, 0.5, 0.7)
+    best = [[b, *(profile.best_depth(b, a) for a in alphas)] for b in sizes]
+    print(format_table(["batch", *(f"best depth at alpha {a}" for a in alphas)], best))
+    print(f"batched profile written to {args.out}")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
     if args.threads is not None:
@@ -36,6 +55,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     pair = pair_from_arguments(args)
+    if args.batches:
+        return _profile_batches(pair, args)
     contexts = tuple(int(x) for x in args.contexts.split(","))
     profile = profile_pair(
         pair.target,
@@ -166,6 +187,10 @@ def register(commands) -> None:
     prof.add_argument("--repetitions", type=int, default=7)
     prof.add_argument("--tree-mask", action="store_true", help="time verifications as tree decoding runs them (explicit tree attention mask)")
     prof.add_argument("--threads", type=int, help="torch CPU threads to measure with (default: torch's own choice)")
+    prof.add_argument(
+        "--batches",
+        help="instead: the batched decoder's forwards at these batch sizes (e.g. 1,2,4,8; --max-verify tokens per row, at --reference-context)",
+    )
     prof.set_defaults(func=cmd_profile)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")

@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
 from lab.plots import plot_load_test
 from lab.report import format_table
-from policies.batch import make_batch_policy
+from policies.batch import BATCH_POLICY_HELP, make_batch_policy
 
 BASELINE = "plain"
 
@@ -77,7 +78,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if (args.concurrency is None) == (args.rate is None):
         raise ValueError("give --concurrency N[,N...] (closed-loop clients) or --rate R[,R...] (Poisson arrivals per second)")
     policies = [BASELINE] + [spec for spec in args.policy if spec != BASELINE]
-    factories = {spec: (lambda s=spec: make_batch_policy(s)) for spec in policies}
+    profile = BatchCostProfile.load(args.batch_profile) if args.batch_profile else None
+    factories = {spec: (lambda s=spec: make_batch_policy(s, profile)) for spec in policies}
     for factory in factories.values():
         factory()  # a bad spec fails before the models load
     closed = tuple(Load(args.requests, concurrency=c, duration=args.duration) for c in args.concurrency or ())
@@ -86,7 +88,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     pair = pair_from_arguments(args)
     prompts = mixed_prompts(pair, args.requests, args.split)
     sampling = SamplingConfig(args.temperature)
-    warm_up = BatchedSpeculativeDecoder(pair.target, pair.draft, make_batch_policy(policies[-1]), sampling, max_depth=args.max_depth)
+    warm_up = BatchedSpeculativeDecoder(pair.target, pair.draft, factories[policies[-1]](), sampling, max_depth=args.max_depth)
     run_load(warm_up, [ids for _, ids in prompts[:2]], Load(2, concurrency=2), max_new_tokens=8)
     result = load_test(pair, factories, settings, sampling, prompts)
     result["setup"] = {
@@ -95,6 +97,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "split": args.split,
         "policies": policies,
+        "batch_profile": args.batch_profile,
     }
     out = Path(args.out or f"loadtests/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -117,8 +120,9 @@ def register(commands) -> None:
         "--policy",
         action="append",
         default=[],
-        help="batch policy (repeat for several): static:D, schedule:LOW-HIGH=D,... (a depth per batch size); plain batched decoding always runs too",
+        help=f"batch policy (repeat for several): {BATCH_POLICY_HELP}; plain batched decoding always runs too",
     )
+    load.add_argument("--batch-profile", help="a batched cost profile (adaptive profile --batches) for the costmodel and goodput policies")
     load.add_argument("--concurrency", type=_integers, help="closed-loop clients, e.g. 1,2,4,8 (one run per value)")
     load.add_argument("--rate", type=_numbers, help="Poisson arrivals per second, e.g. 0.5,1,2 (one run per value)")
     load.add_argument("--requests", type=int, default=16, help="requests per run (test-split prompts, languages taking turns; default 16)")
