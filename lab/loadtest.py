@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder, RequestResult
+from adaptive.divergence import first_divergence
 from adaptive.pair import ModelPair
 from adaptive.policy import BatchPolicy
 from adaptive.sampling import SamplingConfig
@@ -108,11 +109,11 @@ def run_load(
     return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start
 
 
-def request_row(result: RequestResult, lang: str) -> dict:
-    """What a report needs of one finished request."""
+def request_row(result: RequestResult, prompt: int, lang: str) -> dict:
+    """What a report needs of one finished request (``prompt``: its index in the run's prompts)."""
     n = len(result.token_ids)
     return {
-        "id": result.id,
+        "prompt": prompt,
         "lang": lang,
         "tokens": n,
         "seconds": result.latency,
@@ -155,6 +156,8 @@ class LoadTestSettings:
     repeats: int = 1
     slo_tpot_ms: float = 100.0
     seed: int = 0
+    near_ties: bool = False
+    """Check every greedy divergence from the baseline for a near-tie of the target (after the runs)."""
 
 
 def load_test(
@@ -176,11 +179,28 @@ def load_test(
                     )
                     with PeakMemory(pair.target.device) as peak:
                         results, wall = run_load(decoder, [ids for _, ids in prompts[: load.requests]], load, settings.max_new_tokens, settings.seed)
-                    rows = [request_row(r, prompts[i][0]) for i, r in enumerate(results)]
+                    rows = [request_row(r, i, prompts[i][0]) for i, r in enumerate(results)]
                     runs[name].append({"rows": rows, "wall": wall, "peak_mib": peak.mib})
                     bar.update()
-            out["loads"][load.label] = {"load": asdict(load), "runs": runs, "summary": summarise_load(runs, names[0], settings.slo_tpot_ms)}
+            summary_ = summarise_load(runs, names[0], settings.slo_tpot_ms)
+            if settings.near_ties:
+                for name in names[1:]:
+                    summary_[name]["divergences"] = divergences(pair.target, [ids for _, ids in prompts], runs[name], runs[names[0]])
+            out["loads"][load.label] = {"load": asdict(load), "runs": runs, "summary": summary_}
     return out
+
+
+def divergences(target, prompts: list[list[int]], runs: list[dict], baseline: list[dict]) -> dict:
+    """Where a policy's greedy outputs leave the baseline's (same repeat, same request): how many, and how many
+    of those are near-ties of the target (:func:`adaptive.divergence.first_divergence`; bf16 rounds a batched
+    k-token forward and a 1-token forward differently)."""
+    found = []
+    pairs = [(a, b) for run, base in zip(runs, baseline) for a, b in zip(run["rows"], base["rows"]) if a["token_ids"] != b["token_ids"]]
+    for row, base in tqdm(pairs, desc="near-tie check", unit="divergence", leave=False):
+        divergence = first_divergence(target, prompts[row["prompt"]], base["token_ids"], row["token_ids"])
+        if divergence is not None:
+            found.append({"prompt": row["prompt"], **asdict(divergence), "near_tie": divergence.near_tie})
+    return {"count": len(found), "near_ties": sum(d["near_tie"] for d in found), "each": found}
 
 
 def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: float) -> dict:

@@ -168,3 +168,16 @@ def test_the_batched_profile_times_the_decoders_own_forwards(target, near_draft)
     assert profile.batch_sizes == (1, 3) and profile.max_depth == 2
     assert all(profile.target(b, n) > 0 for b in (1, 2, 3) for n in (1, 2, 3)) and profile.draft(2) > 0
     assert profile.best_depth(2, 0.5) in range(3)
+
+
+def test_the_load_test_checks_each_divergence_for_a_near_tie(target):
+    """A forced divergence (another token than the target's arg-max) is counted and is not a near-tie."""
+    from lab.loadtest import divergences
+
+    prompt = [1, 4, 6]
+    plain = generate_plain(target, prompt, 6).token_ids
+    forced = plain[:3] + [(plain[3] + 1) % 16] + plain[4:]
+    rows = lambda tokens: [{"rows": [{"prompt": 0, "token_ids": tokens}]}]  # noqa: E731
+    found = divergences(target, [prompt], rows(forced), rows(plain))
+    assert found["count"] == 1 and found["near_ties"] == 0 and found["each"][0]["position"] == 3
+    assert divergences(target, [prompt], rows(plain), rows(plain))["count"] == 0

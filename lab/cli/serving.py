@@ -33,6 +33,12 @@ def _numbers(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from error
 
 
+def _diverged(entry: dict) -> str:
+    """Requests whose greedy output left plain's, and (when checked) how many of those at a near-tie."""
+    checked = entry.get("divergences")
+    return f"{entry['divergent_requests']} ({checked['near_ties']} near-ties)" if checked else str(entry["divergent_requests"])
+
+
 def report_lines(result: dict) -> list[str]:
     """A Markdown table per load: per policy throughput, goodput, latency percentiles and the gain over plain."""
     lines = []
@@ -52,7 +58,7 @@ def report_lines(result: dict) -> list[str]:
                     f"{a['accepted_per_round']:.2f}",
                     f"{gain['throughput_ratio']:.3f}",
                     f"{gain['request_speed_ratio']:.3f} [{gain['low']:.3f}, {gain['high']:.3f}]",
-                    entry["divergent_requests"],
+                    _diverged(entry),
                     f"{entry['peak_mib']:.0f}" if entry["peak_mib"] else "n/a",
                 ]
             )
@@ -84,7 +90,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         factory()  # a bad spec fails before the models load
     closed = tuple(Load(args.requests, concurrency=c, duration=args.duration) for c in args.concurrency or ())
     loads = closed + tuple(Load(args.requests, rate=r, duration=args.duration, max_batch=args.max_batch) for r in args.rate or ())
-    settings = LoadTestSettings(loads, args.max_new_tokens, args.max_depth, args.repeats, args.slo_tpot_ms, args.seed)
+    near_ties = args.temperature == 0 and args.near_ties
+    settings = LoadTestSettings(loads, args.max_new_tokens, args.max_depth, args.repeats, args.slo_tpot_ms, args.seed, near_ties)
     pair = pair_from_arguments(args)
     prompts = mixed_prompts(pair, args.requests, args.split)
     sampling = SamplingConfig(args.temperature)
@@ -134,6 +141,12 @@ def register(commands) -> None:
     load.add_argument("--repeats", type=int, default=1, help="runs per policy and load, policy order rotating (default 1)")
     load.add_argument("--slo-tpot-ms", type=float, default=100.0, help="goodput counts requests at or under this time per output token (default 100 ms)")
     load.add_argument("--split", default="test", choices=["train", "val", "test"])
+    load.add_argument(
+        "--no-near-ties",
+        dest="near_ties",
+        action="store_false",
+        help="skip checking, after the runs, that each greedy divergence from plain is a near-tie of the target",
+    )
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--out", help="folder for result.json, report.md and load.png (default loadtests/DATE)")
     load.set_defaults(func=cmd_loadtest)
