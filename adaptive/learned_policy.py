@@ -38,11 +38,13 @@ def mlp(sizes: list[int]) -> torch.nn.Sequential:
     return torch.nn.Sequential(*layers)
 
 
-def _numpy_layers(net: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+def numpy_layers(net: torch.nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    """An exported MLP's (weight, bias) pairs as float64 NumPy arrays, for :func:`numpy_forward`."""
     return [(m.weight.detach().double().numpy().T.copy(), m.bias.detach().double().numpy().copy()) for m in net if isinstance(m, torch.nn.Linear)]
 
 
-def _forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+def numpy_forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    """The MLP's output for ``x`` (tanh between layers), in NumPy: microseconds instead of a torch call."""
     for i, (weight, bias) in enumerate(layers):
         x = x @ weight + bias
         if i < len(layers) - 1:
@@ -71,9 +73,9 @@ class LearnedPolicy(BasePolicy):
         self.depth_net = None if depth_net is None else depth_net.eval()
         self.size_net = None if size_net is None else size_net.eval()
         self.source_net = None if source_net is None else source_net.eval()
-        self._depth_layers = None if depth_net is None else _numpy_layers(self.depth_net)
-        self._size_layers = None if size_net is None else _numpy_layers(self.size_net)
-        self._source_layers = None if source_net is None else _numpy_layers(self.source_net)
+        self._depth_layers = None if depth_net is None else numpy_layers(self.depth_net)
+        self._size_layers = None if size_net is None else numpy_layers(self.size_net)
+        self._source_layers = None if source_net is None else numpy_layers(self.source_net)
         self.metadata = metadata
         self.schema = ObservationSchema.of(metadata["schema"])
         self._builder = ObservationBuilder(self.schema, metadata["profile"]["c"], metadata["profile"]["g"])
@@ -91,14 +93,14 @@ class LearnedPolicy(BasePolicy):
     def source(self, state: DraftState) -> str:
         if self._source_layers is None:
             return "model"
-        return SOURCES[int(_forward(self._source_layers, self.observation(state)).argmax())]
+        return SOURCES[int(numpy_forward(self._source_layers, self.observation(state)).argmax())]
 
     def should_continue(self, state: DraftState) -> bool:
         if state.depth >= self.schema.max_depth:
             return False
         if self._depth_layers is None:
             return True
-        return bool(_forward(self._depth_layers, self.observation(state)).argmax() == 1)
+        return bool(numpy_forward(self._depth_layers, self.observation(state)).argmax() == 1)
 
     @property
     def sizes_trees(self) -> bool:
@@ -109,10 +111,10 @@ class LearnedPolicy(BasePolicy):
         """Chains: drafted tokens to verify (1..depth). Trees (:attr:`sizes_trees`): tree nodes to verify,
         which the caller clips to the nodes the tree has."""
         if self.sizes_trees:
-            return int(_forward(self._size_layers, self.observation(state)).argmax()) + 1
+            return int(numpy_forward(self._size_layers, self.observation(state)).argmax()) + 1
         if self._size_layers is None or state.depth <= 1:
             return state.depth
-        return min(state.depth, int(_forward(self._size_layers, self.observation(state)).argmax()) + 1)
+        return min(state.depth, int(numpy_forward(self._size_layers, self.observation(state)).argmax()) + 1)
 
 
 def save_policy(

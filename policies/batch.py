@@ -12,20 +12,11 @@
 
 from __future__ import annotations
 
+from adaptive.batch_observation import PRIOR_ALPHA, acceptance_estimate
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.costmodel import expected_tokens
+from adaptive.learned_batch_policy import is_batch_policy, load_batch_policy
 from adaptive.policy import BatchPolicy, BatchState
-
-PRIOR_ALPHA, PRIOR_WEIGHT = 0.5, 2.0
-"""Acceptance assumed before a request's first rounds, and how many rounds' worth it counts."""
-
-
-def acceptance_estimate(accepted: tuple[int, ...], drafted: tuple[int, ...]) -> float:
-    """Per-token acceptance α from rounds' accepted lengths and depths: accepted tokens over accepted tokens
-    plus rejections (the maximum-likelihood estimate of a geometric run cut at the depth), with a prior."""
-    rejections = sum(a < d for a, d in zip(accepted, drafted))
-    tokens = sum(accepted)
-    return (tokens + PRIOR_ALPHA * PRIOR_WEIGHT) / (tokens + rejections + PRIOR_WEIGHT)
 
 
 class FixedBatchDepth:
@@ -113,12 +104,15 @@ class SpeculationOff:
 
 BATCH_POLICY_HELP = (
     "plain; static:D (D drafted tokens per round); schedule:LOW-HIGH=D,... (a depth per batch size); "
-    "costmodel and goodput (need a batched cost profile); off-above:N:SPEC (SPEC up to N requests, plain above)"
+    "costmodel and goodput (need a batched cost profile); off-above:N:SPEC (SPEC up to N requests, plain above); "
+    "or the folder of a learned batch policy (adaptive train-batch)"
 )
 
 
 def make_batch_policy(spec: str, profile: BatchCostProfile | None = None) -> BatchPolicy:
-    """A batch policy from its spec string (see :data:`BATCH_POLICY_HELP`)."""
+    """A batch policy from its spec string (see :data:`BATCH_POLICY_HELP`), or a learned one from its folder."""
+    if is_batch_policy(spec):
+        return load_batch_policy(spec)
     name, _, arg = spec.partition(":")
     if name == "plain" and not arg:
         return FixedBatchDepth(0)

@@ -3,7 +3,7 @@
 * :mod:`lab.cli.decoding`: ``exactness``, ``costmodel``, ``generate``, ``demo``
 * :mod:`lab.cli.data`: ``profile``, ``record``, ``distill``
 * :mod:`lab.cli.experiments`: ``train``, ``evaluate``, ``retarget``
-* :mod:`lab.cli.serving`: ``loadtest``
+* :mod:`lab.cli.serving`: ``loadtest``, ``train-batch``
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Commands about serving several requests at once: ``loadtest``."""
+"""Commands about serving several requests at once: ``loadtest``, ``train-batch``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from pathlib import Path
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
+from adaptive.traces import TraceSet
+from envs.factory import default_traces
+from lab.batch_training import schedule_spec, train_batch_policy
 from lab.cli.common import add_pair_arguments, pair_from_arguments
+from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
 from lab.plots import plot_load_test
 from lab.report import format_table
@@ -117,6 +121,26 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_batch(args: argparse.Namespace) -> int:
+    loads = _integers(args.loads)
+    profile = BatchCostProfile.load(args.batch_profile)
+    path = Path(args.traces)
+    traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(args.traces))
+    ppo = PPOConfig(timesteps=args.timesteps, n_steps=1024, batch_size=256, gamma=0.9, ent_coef=0.01)
+    out = Path(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}")
+    extra = {"traces": str(path), "batch_profile": args.batch_profile}
+    policy, evaluation = train_batch_policy(traces, profile, out, ppo, loads, args.max_depth, args.switch_prob, args.seed, extra)
+    names = [f"static:{d}" for d in range(args.max_depth + 1)] + ["best static", "costmodel", "goodput", "learned"]
+    rows = [
+        [load, *(f"{row[name]:.3f}" for name in names), row["best static depth"], f"{row['learned over best static']:.3f}"]
+        for load, row in evaluation.items()
+    ]
+    print(format_table(["load", *names, "best depth", "learned / best static"], rows))
+    print(f"per-batch-size schedule of the best static depths: {schedule_spec(evaluation, profile.batch_sizes[-1])}")
+    print(f"policy {policy.name} in {out}/ (use it as --policy {out} in adaptive loadtest)")
+    return 0
+
+
 def register(commands) -> None:
     """Add this module's subcommands to the ``adaptive`` parser."""
     load = commands.add_parser(
@@ -150,3 +174,14 @@ def register(commands) -> None:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--out", help="folder for result.json, report.md and load.png (default loadtests/DATE)")
     load.set_defaults(func=cmd_loadtest)
+
+    train = commands.add_parser("train-batch", help="PPO for a load-aware batch policy in batched replay (greedy traces + a batched cost profile)")
+    train.add_argument("--batch-profile", required=True, help="a batched cost profile (adaptive profile --batches)")
+    train.add_argument("--traces", default="train", help="greedy chain traces: a shipped split name or a trace file (default train)")
+    train.add_argument("--loads", default="1,2,4,8", help="concurrency levels the load switches between (default 1,2,4,8)")
+    train.add_argument("--switch-prob", type=float, default=0.02, help="per-round probability that the load changes (default 0.02)")
+    train.add_argument("--max-depth", type=int, default=6)
+    train.add_argument("--timesteps", type=int, default=100_000, help="PPO steps (rounds; default 100000)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out", help="policy folder (default runs/batch-DATE)")
+    train.set_defaults(func=cmd_train_batch)

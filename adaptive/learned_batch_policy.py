@@ -1,0 +1,76 @@
+"""A learned batch policy: one MLP from the batch observation (:mod:`adaptive.batch_observation`) to the
+round's depth, saved as ``policy.safetensors`` + ``policy.json`` (format ``adaptive-draft/batch-policy/1``,
+with its observation schema and the batched cost profile it reads costs from). Loading never unpickles."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from adaptive.batch_observation import BatchObservationSchema
+from adaptive.batch_profile import BatchCostProfile
+from adaptive.learned_policy import mlp, numpy_forward, numpy_layers
+from adaptive.policy import BatchState
+
+FORMAT = "adaptive-draft/batch-policy/1"
+WEIGHTS, SIDECAR = "policy.safetensors", "policy.json"
+
+
+class LearnedBatchPolicy:
+    """Depth = arg-max of the MLP's logits over 0..max_depth (applied with NumPy: microseconds per round)."""
+
+    def __init__(self, net: torch.nn.Sequential, metadata: dict) -> None:
+        self.net = net.eval()
+        self.metadata = metadata
+        self.schema = BatchObservationSchema(metadata["schema"]["max_depth"])
+        self.schema.check(metadata["schema"])
+        self.profile = BatchCostProfile.from_dict(metadata["profile"], "the policy's batched cost profile")
+        self.layers = numpy_layers(self.net)
+        self.name = metadata.get("name", "learned-batch")
+
+    def depth(self, state: BatchState) -> int:
+        return min(int(numpy_forward(self.layers, self.schema.observe(state, self.profile)).argmax()), state.max_depth)
+
+
+def save_batch_policy(
+    folder: str | Path, net: torch.nn.Sequential, layers: list[int], schema: BatchObservationSchema, profile: BatchCostProfile, **metadata
+) -> Path:
+    """Write the policy into ``folder``; returns the sidecar's path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, folder / WEIGHTS)
+    sidecar = {
+        "format": FORMAT,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "actions": "depth = action (0: plain batched step)",
+        "schema": schema.describe(),
+        "layers": layers,
+        "profile": profile.document,
+        **metadata,
+    }
+    (folder / SIDECAR).write_text(json.dumps(sidecar, indent=1))
+    return folder / SIDECAR
+
+
+def is_batch_policy(path: str | Path) -> bool:
+    """Whether ``path`` (a folder holding ``policy.json``, or the file) is a learned batch policy."""
+    sidecar = Path(path) / SIDECAR if Path(path).is_dir() else Path(path)
+    try:
+        return sidecar.is_file() and json.loads(sidecar.read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def load_batch_policy(path: str | Path) -> LearnedBatchPolicy:
+    """A saved learned batch policy (its folder, or its ``policy.json``)."""
+    sidecar = Path(path) / SIDECAR if Path(path).is_dir() else Path(path)
+    if not is_batch_policy(sidecar):
+        raise ValueError(f"{path} holds no learned batch policy ({SIDECAR} of format {FORMAT})")
+    metadata = json.loads(sidecar.read_text())
+    net = mlp(metadata["layers"])
+    net.load_state_dict(load_file(sidecar.parent / WEIGHTS))
+    return LearnedBatchPolicy(net, metadata)

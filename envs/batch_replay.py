@@ -1,0 +1,118 @@
+"""Batched decoding under a changing load, replayed: the environment a load-aware batch policy learns in.
+
+Closed-loop clients: at any time ``concurrency`` requests are in flight (a finished one is replaced by a new
+prompt drawn from the traces); between rounds the concurrency switches, with probability ``switch_prob``, to
+another of ``loads``. Each round the agent picks one depth d (``Discrete(max_depth + 1)``, 0: a plain batched
+step); every request at its position t accepts min(d, m(t)) tokens of its recorded greedy trace and emits that
+plus one — exactly what the batched decoder does with the same pair under greedy decoding. The round takes
+:meth:`~adaptive.batch_profile.BatchCostProfile.round_ms` (B, d) of the batched cost profile.
+
+Reward: the round's throughput over plain batched decoding's at the same batch size,
+(Σ emitted / round time) / (B / plain step time): 1.0 is as fast as plain, so rewards at different loads
+are on one scale. Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds
+(truncated; the load and the requests carry on across resets only through the random generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+
+from adaptive.batch_observation import BatchObservationSchema
+from adaptive.batch_profile import BatchCostProfile
+from adaptive.policy import RECENT_ROUNDS, BatchState
+from adaptive.traces import TraceSet
+
+
+@dataclass
+class _Request:
+    prompt: int
+    t: int = 0
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+
+
+class BatchReplayEnv(gym.Env):
+    """See the module docstring."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        traces: TraceSet,
+        profile: BatchCostProfile,
+        loads: tuple[int, ...] = (1, 2, 4, 8),
+        switch_prob: float = 0.02,
+        max_depth: int = 6,
+        rounds: int = 256,
+    ) -> None:
+        if traces.sampled:
+            raise ValueError("batched replay needs greedy traces (match lengths); these are sampled")
+        if not 1 <= max_depth <= min(traces.depth, profile.max_depth):
+            raise ValueError(f"max_depth must lie in 1..{min(traces.depth, profile.max_depth)} (the traces' K and the profile's depth), got {max_depth}")
+        if not loads or any(not profile.batch_sizes[0] <= c <= profile.batch_sizes[-1] for c in loads):
+            raise ValueError(f"loads must lie within the profile's batch sizes {profile.batch_sizes[0]}..{profile.batch_sizes[-1]}, got {loads}")
+        if not 0.0 <= switch_prob <= 1.0:
+            raise ValueError(f"switch_prob must lie in [0, 1], got {switch_prob}")
+        self.traces, self.profile, self.loads, self.switch_prob = traces, profile, tuple(loads), switch_prob
+        self.max_depth, self.rounds = max_depth, rounds
+        self.schema = BatchObservationSchema(max_depth)
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, (self.schema.size,), np.float32)
+        self.action_space = gym.spaces.Discrete(max_depth + 1)
+        self._match = traces.match.tolist()
+        self._offsets = traces.offsets.tolist()
+        self.concurrency = loads[0]
+        self.batch: list[_Request] = []
+        self._round = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.concurrency = int(self.np_random.choice(self.loads)) if options is None or "load" not in options else int(options["load"])
+        self.batch = []
+        self._fill()
+        self._round = 0
+        return self._observation(), {"batch": len(self.batch)}
+
+    def state(self) -> BatchState:
+        """What a batch policy would be shown now."""
+        return BatchState(
+            len(self.batch),
+            0,
+            self.max_depth,
+            tuple(tuple(r.accepted[-RECENT_ROUNDS:]) for r in self.batch),
+            tuple(tuple(r.drafted[-RECENT_ROUNDS:]) for r in self.batch),
+        )
+
+    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
+        depth = int(action)
+        if not 0 <= depth <= self.max_depth:
+            raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
+        size = len(self.batch)
+        emitted = 0
+        for request in self.batch:
+            start, length = self._offsets[request.prompt], self._offsets[request.prompt + 1] - self._offsets[request.prompt]
+            accepted = min(depth, self._match[start + request.t])
+            emitted += min(accepted + 1, length - request.t)
+            request.t += accepted + 1
+            request.accepted.append(accepted)
+            request.drafted.append(depth)
+        seconds = self.profile.round_ms(size, depth) / 1e3
+        plain = self.profile.round_ms(size, 0) / 1e3
+        reward = (emitted / seconds) / (size / plain)
+        self.batch = [r for r in self.batch if r.t < self._offsets[r.prompt + 1] - self._offsets[r.prompt]]
+        if self.np_random.random() < self.switch_prob:
+            self.concurrency = int(self.np_random.choice(self.loads))
+        self._fill()
+        self._round += 1
+        info = {"batch": size, "depth": depth, "emitted": emitted, "seconds": seconds, "plain_seconds_per_token": plain / size}
+        return self._observation(), float(reward), False, self._round >= self.rounds, info
+
+    def _fill(self) -> None:
+        """Closed loop: new requests until ``concurrency`` are in flight (none leave early when it drops)."""
+        while len(self.batch) < self.concurrency:
+            self.batch.append(_Request(int(self.np_random.integers(len(self.traces)))))
+
+    def _observation(self) -> np.ndarray:
+        return np.clip(self.schema.observe(self.state(), self.profile), -10.0, 10.0)

@@ -1,0 +1,75 @@
+"""Batched replay: what the batched decoder does under greedy decoding, a load process, PPO on it."""
+
+from __future__ import annotations
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+from test_batch_decoder import synthetic_profile
+
+from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.decoder import SpeculativeDecoder
+from adaptive.learned_batch_policy import load_batch_policy
+from adaptive.recorder import record
+from envs.batch_replay import BatchReplayEnv
+from lab.batch_training import judge, schedule_spec, train_batch_policy
+from lab.config import PPOConfig
+from policies import make_policy
+from policies.batch import FixedBatchDepth, make_batch_policy
+
+PROMPTS = [[1, 4, 6], [3, 3], [2, 2, 9, 11, 5], [7, 8], [12, 0, 3, 3]]
+
+
+@pytest.fixture(scope="module")
+def traces(target, near_draft):
+    decoder = SpeculativeDecoder(target, near_draft, make_policy("static:1"))
+    rows = [{"id": str(i), "lang": "en"} for i in range(len(PROMPTS))]
+    return record(decoder, rows, PROMPTS, max_new_tokens=24, depth=6, metadata={"pair": "tiny"})
+
+
+def test_batched_replay_accepts_what_the_batched_decoder_accepts(traces, target, near_draft):
+    """One request at a time (load 1, no switching), a static depth: the replayed rounds' emitted tokens
+    equal the batched decoder's, request after request."""
+    profile = synthetic_profile({1: 1.0, 8: 20.0})
+    env = BatchReplayEnv(traces, profile, loads=(1,), switch_prob=0.0, max_depth=4, rounds=10**6)
+    env.reset(seed=0)
+    order = [r.prompt for r in env.batch]
+    replayed = []
+    while len(order) <= 3:
+        _, reward, _, _, info = env.step(3)
+        replayed.append(info["emitted"])
+        if env.batch[0].t == 0:  # the request finished: the next one started
+            order.append(env.batch[0].prompt)
+    decoder = BatchedSpeculativeDecoder(target, near_draft, FixedBatchDepth(3), max_depth=4, max_batch=1)
+    live = []
+    for prompt in order[:3]:
+        decoder.submit(PROMPTS[prompt], 24)
+        while not decoder.idle:
+            live.append(sum(decoder.step().emitted))
+    assert replayed[: len(live)] == live
+
+
+def test_batched_replay_passes_the_checker_and_rewards_plain_steps_with_one(traces):
+    profile = synthetic_profile({1: 1.0, 8: 20.0})
+    env = BatchReplayEnv(traces, profile, loads=(1, 2, 8), switch_prob=0.1, max_depth=4, rounds=50)
+    check_env(env, skip_render_check=True)
+    env.reset(seed=3)
+    for _ in range(40):
+        _, reward, _, _, info = env.step(0)
+        assert reward == pytest.approx(info["emitted"] / info["batch"])  # 1.0 until a request's last token
+    with pytest.raises(ValueError, match="loads must lie within"):
+        BatchReplayEnv(traces, profile, loads=(16,))
+
+
+def test_a_load_aware_policy_learns_to_draft_alone_and_not_in_a_full_batch(traces, tmp_path):
+    """Verification flat at batch 1 and steep at batch 8: the best static depth differs by load, and PPO
+    (short) matches the per-load best within a few percent at both; the saved policy loads by folder."""
+    profile = synthetic_profile({1: 0.5, 8: 60.0})
+    ppo = PPOConfig(timesteps=6144, n_steps=1024, batch_size=256, gamma=0.9)
+    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4)
+    assert evaluation["1"]["best static depth"] > 0 == evaluation["8"]["best static depth"]
+    for load in ("1", "8"):
+        assert evaluation[load]["learned over best static"] > 0.95, evaluation
+    assert schedule_spec(evaluation, 8) == f"schedule:1-7={evaluation['1']['best static depth']},8-8=0"
+    assert make_batch_policy(str(tmp_path / "run")).name == load_batch_policy(tmp_path / "run").name == policy.name
+    again = judge(BatchReplayEnv(traces, profile, (1, 8), 0.0, 4, rounds=10**9), {"static:0": FixedBatchDepth(0)}, (1, 8), rounds=200)
+    assert again["8"]["static:0"] == pytest.approx(1.0)
