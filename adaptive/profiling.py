@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from adaptive.batch_profile import FORMAT as BATCH_PROFILE_FORMAT
+from adaptive.batched_model import BatchedCachedModel
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
@@ -161,14 +163,11 @@ def profile_batches(
     fed n = 1..``max_tokens`` tokens per row and the draft fed one, for each batch size. Returns the JSON
     document :class:`~adaptive.batch_profile.BatchCostProfile` reads. Sweeps interleave every point, as
     :func:`profile_pair` does."""
-    from adaptive.batched_model import BatchedCachedModel
-
     clock = Clock(target.device)
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
-    from adaptive.batch_profile import FORMAT
-
-    document: dict = {"format": FORMAT, "context": context, "repetitions": repetitions, "batch_sizes": list(batch_sizes), "target": {}, "draft": {}}
+    document: dict = {"format": BATCH_PROFILE_FORMAT, "context": context, "repetitions": repetitions, "batch_sizes": list(batch_sizes)}
+    document["target"], document["draft"] = {}, {}
     with tqdm(total=len(batch_sizes) * (repetitions + 1), desc="batch profile", unit="sweep") as progress:
         for batch in batch_sizes:
             models = {}
