@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from adaptive.batch_decoder import BatchedSpeculativeDecoder
 from adaptive.batch_profile import FORMAT as BATCH_PROFILE_FORMAT
 from adaptive.batched_model import BatchedCachedModel
 from adaptive.cached_model import CachedModel
@@ -148,6 +149,16 @@ def profile_pair(
     return CostProfile.from_dict(result)
 
 
+class _Fixed:
+    """A batch policy of one depth (the profile times each depth on its own)."""
+
+    def __init__(self, depth: int) -> None:
+        self.name, self.fixed = f"static:{depth}", depth
+
+    def depth(self, state) -> int:
+        return self.fixed
+
+
 def profile_batches(
     target,
     draft,
@@ -158,25 +169,35 @@ def profile_batches(
     repetitions: int = 5,
     seed: int = 0,
 ) -> dict:
-    """Batched forward times on this machine, as the batched decoder runs them
-    (:class:`~adaptive.batched_model.BatchedCachedModel`, every row at ``context`` cached tokens): the target
-    fed n = 1..``max_tokens`` tokens per row and the draft fed one, for each batch size. Returns the JSON
-    document :class:`~adaptive.batch_profile.BatchCostProfile` reads. Sweeps interleave every point, as
+    """Batched costs on this machine, as the batched decoder pays them, every row at about ``context``
+    cached tokens: forwards (:class:`~adaptive.batched_model.BatchedCachedModel`) of the target fed n =
+    1..``max_tokens`` tokens per row and of the draft fed one, and whole decoder rounds
+    (:class:`~adaptive.batch_decoder.BatchedSpeculativeDecoder` drafting d = 0..``max_tokens`` − 1 tokens per
+    request: the forwards plus its per-request work), for each batch size. Returns the JSON document
+    :class:`~adaptive.batch_profile.BatchCostProfile` reads. Sweeps interleave every point, as
     :func:`profile_pair` does."""
     clock = Clock(target.device)
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     document: dict = {"format": BATCH_PROFILE_FORMAT, "context": context, "repetitions": repetitions, "batch_sizes": list(batch_sizes)}
-    document["target"], document["draft"] = {}, {}
+    document["target"], document["draft"], document["rounds"] = {}, {}, {}
     with tqdm(total=len(batch_sizes) * (repetitions + 1), desc="batch profile", unit="sweep") as progress:
         for batch in batch_sizes:
+            prompts = [torch.randint(0, vocab, (context,), generator=generator).tolist() for _ in range(batch)]
             models = {}
             for name, model in (("target", target), ("draft", draft)):
                 models[name] = BatchedCachedModel(model)
-                models[name].add_rows([torch.randint(0, vocab, (context,), generator=generator).tolist() for _ in range(batch)])
+                models[name].add_rows(prompts)
+            decoders = []
+            for depth in range(max_tokens):
+                decoder = BatchedSpeculativeDecoder(target, draft, _Fixed(depth), max_depth=depth, max_batch=batch, eos_token_id=[])
+                for prompt in prompts:
+                    decoder.submit(prompt, max_new_tokens=(repetitions + 1) * (depth + 1) + 1)
+                decoders.append(decoder)
             feeds = torch.randint(0, vocab, (batch, max_tokens), generator=generator).tolist()
             points = [("draft", 1)] + [("target", n) for n in range(1, max_tokens + 1)]
             times: list[list[float]] = [[] for _ in points]
+            rounds: list[list[float]] = [[] for _ in decoders]
             for sweep in range(repetitions + 1):
                 for index, (name, n) in enumerate(points):
                     model = models[name]
@@ -187,9 +208,15 @@ def profile_batches(
                         model.rollback(row, context)
                     if sweep:
                         times[index].append(seconds)
+                for depth, decoder in enumerate(decoders):  # sweep 0 admits (prefills) the requests
+                    start = clock()
+                    decoder.step()
+                    if sweep:
+                        rounds[depth].append(clock() - start)
                 progress.update()
             document["draft"][str(batch)] = _summary(times[0])
             document["target"][str(batch)] = {str(n): _summary(times[n]) for n in range(1, max_tokens + 1)}
+            document["rounds"][str(batch)] = {str(depth): _summary(rounds[depth]) for depth in range(max_tokens)}
     document["hardware"] = hardware_description(target.device)
     document["dtype"] = str(target.dtype).removeprefix("torch.")
     document["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -165,8 +165,9 @@ def test_the_cost_model_drafts_less_as_verification_gets_dearer_with_the_batch()
 def test_the_batched_profile_times_the_decoders_own_forwards(target, near_draft):
     document = profile_batches(target, near_draft, batch_sizes=(1, 3), max_tokens=3, context=16, repetitions=2)
     profile = BatchCostProfile.from_dict(document)
-    assert profile.batch_sizes == (1, 3) and profile.max_depth == 2
+    assert profile.batch_sizes == (1, 3) and profile.max_depth == 2 and profile.rounds_ms is not None
     assert all(profile.target(b, n) > 0 for b in (1, 2, 3) for n in (1, 2, 3)) and profile.draft(2) > 0
+    assert all(profile.round_ms(b, d) > 0 for b in (1, 3) for d in range(3))  # whole decoder rounds, timed
     assert profile.best_depth(2, 0.5) in range(3)
 
 
