@@ -30,7 +30,7 @@ from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, BatchPolicy, BatchState
 from adaptive.sampling import GREEDY, SamplingConfig, check_logits, sample, sampling_distribution
-from adaptive.verification import BlockVerdict, CorrectionRule, residual_correction, verify_block, verify_block_greedy
+from adaptive.verification import BlockVerdict, CorrectionRule, residual_correction, verify_drafts
 
 
 @dataclass
@@ -267,12 +267,7 @@ class BatchedSpeculativeDecoder:
         """Verify one request's drafted tokens against its ``len(drafted) + 1`` target rows, with its own
         generator: how many it accepts and the token that follows them (the residual draw or the bonus)."""
         ids = torch.tensor(drafted, dtype=torch.long, device=target_logits.device)
-        if self.sampling.is_greedy:
-            check_logits(target_logits)
-            return verify_block_greedy(target_logits, ids)
-        p = sampling_distribution(target_logits, self.sampling)
-        q = torch.stack(q_rows) if q_rows else p[:0]
-        return verify_block(p, q, ids, request.generator, self.correction)
+        return verify_drafts(target_logits, ids, q_rows or [], self.sampling, request.generator, self.correction)
 
     def _retire(self) -> None:
         """Move finished requests out of the batch (and their rows out of both caches)."""

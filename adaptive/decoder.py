@@ -20,8 +20,8 @@ from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
 from adaptive.drafts import Draft, draft_session
 from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
-from adaptive.sampling import GREEDY, SamplingConfig, check_logits, draft_features, proposal_distribution, sample, sampling_distribution
-from adaptive.verification import CorrectionRule, residual_correction, verify_block, verify_block_greedy
+from adaptive.sampling import GREEDY, SamplingConfig, draft_features, proposal_distribution, sample, sampling_distribution
+from adaptive.verification import CorrectionRule, residual_correction, verify_drafts
 
 
 class SpeculativeDecoder(Decoder):
@@ -192,13 +192,7 @@ class ChainGeneration(Generation):
         target_logits = decoder.target.forward(tokens[decoder.target.length :] + draft_ids)[-(size + 1) :]
         target_forward = clock() - verify_start
         drafted_ids = torch.tensor(draft_ids, dtype=torch.long, device=target_logits.device)
-        if decoder.sampling.is_greedy:
-            check_logits(target_logits)
-            verdict = verify_block_greedy(target_logits, drafted_ids)
-        else:
-            p = sampling_distribution(target_logits, decoder.sampling)
-            q = torch.stack(drafted.q_rows[:size]) if size else p[:0]
-            verdict = verify_block(p, q, drafted_ids, decoder.generator, decoder.correction)
+        verdict = verify_drafts(target_logits, drafted_ids, drafted.q_rows[:size], decoder.sampling, decoder.generator, decoder.correction)
         emitted = self.output.emit(draft_ids[: verdict.accepted] + [verdict.next_token])
         decoder.target.rollback(context_length + verdict.accepted)
         for draft in decoder.drafts:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive.sampling import sample
+from adaptive.sampling import SamplingConfig, check_logits, sample, sampling_distribution
 
 CorrectionRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """Maps (p, q) rows ``[..., V]`` to the distribution sampled after a rejection."""
@@ -119,3 +119,22 @@ def verify_block_greedy(target_logits: torch.Tensor, tokens: torch.Tensor) -> Bl
             break
         accepted += 1
     return BlockVerdict(accepted, choices[accepted])
+
+
+def verify_drafts(
+    target_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    q_rows: list[torch.Tensor],
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    correction: CorrectionRule = residual_correction,
+) -> BlockVerdict:
+    """One round's verdict under ``sampling``, as every decoder reaches it: arg-max agreement when greedy
+    (:func:`verify_block_greedy`), else :func:`verify_block` on the sampling distributions of the target's
+    ``[γ+1, V]`` logits and the draft's ``q_rows`` (γ rows, the distributions the tokens were drawn from)."""
+    if sampling.is_greedy:
+        check_logits(target_logits)
+        return verify_block_greedy(target_logits, tokens)
+    p = sampling_distribution(target_logits, sampling)
+    q = torch.stack(q_rows) if q_rows else p[:0]
+    return verify_block(p, q, tokens, generator, correction)

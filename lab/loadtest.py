@@ -67,13 +67,8 @@ class Load:
 def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tuple[str, list[int]]]:
     """``count`` chat-formatted prompts of ``split``, the languages taking turns: (language, token ids)."""
     by_lang = {lang: load_prompts(split, lang=lang) for lang in LANGUAGES}
-    chosen = [(lang, by_lang[lang][i // len(LANGUAGES) % len(by_lang[lang])]["prompt"]) for i, lang in zip(range(count), _cycle(LANGUAGES))]
-    return [(lang, chat_ids(pair.tokenizer, text)) for lang, text in chosen]
-
-
-def _cycle(items: Sequence[str]):
-    while True:
-        yield from items
+    langs = [LANGUAGES[i % len(LANGUAGES)] for i in range(count)]
+    return [(lang, chat_ids(pair.tokenizer, by_lang[lang][i // len(LANGUAGES) % len(by_lang[lang])]["prompt"])) for i, lang in enumerate(langs)]
 
 
 def run_load(
