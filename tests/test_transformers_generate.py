@@ -50,11 +50,15 @@ def test_eos_and_stopping_criteria_match_plain_generate(target, near_draft):
     ids = torch.tensor([[3]])
     for eos in (6, 13, 11):
         plain = target.generate(ids, max_new_tokens=60, do_sample=False, eos_token_id=eos)
-        out = target.generate(ids, custom_generate=adaptive_generate, draft=near_draft, policy=StaticDepth(4), max_new_tokens=60, do_sample=False, eos_token_id=eos)
+        out = target.generate(
+            ids, custom_generate=adaptive_generate, draft=near_draft, policy=StaticDepth(4), max_new_tokens=60, do_sample=False, eos_token_id=eos
+        )
         assert torch.equal(out, plain)
     stop = StoppingCriteriaList([StopAfter()])
     plain = target.generate(ids, max_new_tokens=60, do_sample=False, stopping_criteria=stop)
-    out = target.generate(ids, custom_generate=adaptive_generate, draft=near_draft, policy=StaticDepth(4), max_new_tokens=60, do_sample=False, stopping_criteria=stop)
+    out = target.generate(
+        ids, custom_generate=adaptive_generate, draft=near_draft, policy=StaticDepth(4), max_new_tokens=60, do_sample=False, stopping_criteria=stop
+    )
     assert torch.equal(out, plain) and plain.shape[1] < ids.shape[1] + 60
     result = target.generate(ids, custom_generate=adaptive_generate, draft=near_draft, policy=StaticDepth(4), max_new_tokens=8, return_dict_in_generate=True)
     assert result.sequences.shape == (1, ids.shape[1] + 8)
@@ -85,7 +89,9 @@ def test_sampled_generate_follows_the_target_distribution_and_the_naive_rule_is_
     ids = torch.tensor([PROMPT])
     for seed in range(N_SAMPLES):
         torch.manual_seed(seed)
-        out = target.generate(ids, custom_generate=adaptive_generate, draft=far_draft, policy=learned, correction=correction, max_new_tokens=2, do_sample=True, **SETTINGS)
+        out = target.generate(
+            ids, custom_generate=adaptive_generate, draft=far_draft, policy=learned, correction=correction, max_new_tokens=2, do_sample=True, **SETTINGS
+        )
         first, second = out[0, len(PROMPT) :].tolist()
         counts[first, second] += 1
     max_z, chi2_z = deviation_statistics(counts, hf_two_token_distribution(target, PROMPT))
@@ -98,7 +104,9 @@ def test_sampled_generate_follows_the_target_distribution_and_the_naive_rule_is_
 def test_sampled_calls_follow_torch_manual_seed(target, far_draft):
     def run(seed):
         torch.manual_seed(seed)
-        return target.generate(torch.tensor([PROMPT]), custom_generate=adaptive_generate, draft=far_draft, policy=StaticDepth(2), max_new_tokens=20, do_sample=True)
+        return target.generate(
+            torch.tensor([PROMPT]), custom_generate=adaptive_generate, draft=far_draft, policy=StaticDepth(2), max_new_tokens=20, do_sample=True
+        )
 
     assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
 

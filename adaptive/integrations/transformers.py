@@ -77,7 +77,9 @@ def sampling_from_processors(processors: LogitsProcessorList, do_sample: bool) -
 
 def _check_call(input_ids: torch.Tensor, generation_config: GenerationConfig, draft, policy, model_kwargs: dict) -> None:
     if draft is None:
-        raise ValueError("pass the draft as draft=... (a model sharing the target's vocabulary, or an EAGLE-3 head); assistant_model= does not reach a custom_generate")
+        raise ValueError(
+            "pass the draft as draft=... (a model sharing the target's vocabulary, or an EAGLE-3 head); assistant_model= does not reach a custom_generate"
+        )
     if not isinstance(policy, DraftPolicy):
         raise TypeError(f"policy must be a DraftPolicy (adaptive.load_policy(RUN) or policies.make_policy('static:4')), got {policy!r}")
     if input_ids.shape[0] != 1:
