@@ -25,7 +25,9 @@ top-2 probability) to the features; read from older files, the margin is NaN (:a
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,16 +58,29 @@ def write_npz(path: str | Path, traces, arrays: dict[str, np.ndarray], file_form
     """A trace file: the per-prompt arrays every trace set has (``traces``), ``arrays``, and the metadata."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(
+    save_npz(
         path,
-        prompt_ids=np.array(traces.prompt_ids, dtype=str),
-        langs=np.array(traces.langs, dtype=str),
-        prompt_lengths=traces.prompt_lengths.astype(np.int32),
-        offsets=traces.offsets.astype(np.int64),
-        outputs=traces.outputs.astype(np.int32),
-        **arrays,
-        metadata=np.array(json.dumps({"format": file_format, **traces.metadata})),
+        {
+            "prompt_ids": np.array(traces.prompt_ids, dtype=str),
+            "langs": np.array(traces.langs, dtype=str),
+            "prompt_lengths": traces.prompt_lengths.astype(np.int32),
+            "offsets": traces.offsets.astype(np.int64),
+            "outputs": traces.outputs.astype(np.int32),
+            **arrays,
+            "metadata": np.array(json.dumps({"format": file_format, **traces.metadata})),
+        },
     )
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """A compressed ``.npz`` whose bytes depend on ``arrays`` alone (fixed member times, unlike
+    ``np.savez_compressed``), so equal traces make equal files; ``np.load`` reads it."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
+            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            archive.writestr(member, buffer.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
 
 
 def read_npz(data, path: str | Path, file_format: str | tuple[str, ...]) -> tuple[dict, dict]:
@@ -169,6 +184,40 @@ class TraceSet:
     def output(self, i: int) -> np.ndarray:
         """y of prompt ``i``."""
         return self.outputs[self.offsets[i] : self.offsets[i + 1]]
+
+    @classmethod
+    def join(cls, parts: list[TraceSet]) -> TraceSet:
+        """Trace sets of consecutive prompt shards, recorded alike, as one: the first part's metadata, with the
+        repaired outputs of every part counted (what recording all prompts in one process gives)."""
+        if not parts:
+            raise ValueError("nothing to join")
+
+        def cat(name: str):
+            arrays = [getattr(part, name) for part in parts]
+            return None if arrays[0] is None else np.concatenate(arrays)
+
+        def chains(name: str) -> CopyTrace | None:
+            found = [getattr(part, name) for part in parts]
+            return None if found[0] is None else CopyTrace(*(np.concatenate([getattr(c, a) for c in found]) for a in CopyTrace.ARRAYS))
+
+        lengths = np.concatenate([np.diff(part.offsets) for part in parts])
+        metadata = dict(parts[0].metadata)
+        if "repaired_outputs" in metadata:
+            metadata["repaired_outputs"] = sum(int(part.metadata["repaired_outputs"]) for part in parts)
+        return cls(
+            prompt_ids=[i for part in parts for i in part.prompt_ids],
+            langs=[lang for part in parts for lang in part.langs],
+            prompt_lengths=cat("prompt_lengths"),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]),
+            outputs=cat("outputs"),
+            match=cat("match"),
+            features=cat("features"),
+            accept_prob=cat("accept_prob"),
+            reject_features=cat("reject_features"),
+            copy=chains("copy"),
+            lookup=chains("lookup"),
+            metadata=metadata,
+        )
 
     def save(self, path: str | Path) -> None:
         arrays = {"match": self.match.astype(np.int16), "features": self.features.astype(np.float16)}

@@ -14,7 +14,7 @@ from adaptive.profiling import profile_pair
 from envs.env import SpecDecodeEnv
 from envs.factory import make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
 from lab.config import ExperimentConfig
-from lab.evaluation import play, records_speedup, static_sweep
+from lab.evaluation import play, static_sweep, summarise
 from policies.baselines import SuffixRule
 from policies.oracle import OraclePolicy
 
@@ -96,8 +96,9 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
 
 
 def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile | None) -> dict[str, dict]:
-    """Speedup over plain decoding of the learned policy, every static depth and (replay) the oracle, on
-    ``eval_episodes`` episodes of the evaluation env (replay: val traces). With a copy drafter beside the
+    """Speedup over plain decoding (with its 95 % bootstrap interval over episodes: ``low``, ``high``) of the
+    learned policy, every static depth and (replay) the oracle, on ``eval_episodes`` episodes of the
+    evaluation env (replay: val traces). With a copy drafter beside the
     model (``env.copy``), also every static depth with each other source and SuffixDecoding's rule (the
     oracle knows the model draft's match lengths only)."""
     env = make_env(config, "depth", None, profile, evaluation=True)
@@ -112,11 +113,5 @@ def evaluate(config: ExperimentConfig, policy: DraftPolicy, profile: CostProfile
         runs["suffix"] = play(backend, SuffixRule, prompts, None, seconds)
     if config.env.backend == "replay" and not config.env.tree:
         runs["oracle (model draft)" if len(backend.sources) > 1 else "oracle"] = play(backend, lambda: OraclePolicy(backend), prompts, None, seconds)
-    return {
-        name: {
-            "speedup": records_speedup(records, backend.target_step_seconds),
-            "tokens": sum(r.tokens for r in records),
-            "seconds": sum(r.seconds for r in records),
-        }
-        for name, records in runs.items()
-    }
+    summaries = {name: summarise(records, backend.target_step_seconds) for name, records in runs.items()}
+    return {name: {"speedup": s.speedup, "low": s.low, "high": s.high, "tokens": s.tokens, "seconds": s.seconds} for name, s in summaries.items()}

@@ -161,3 +161,26 @@ def plot_load_test(result: dict, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def plot_sweep(comparison: dict, path: Path) -> None:
+    """Per run of a sweep: the learned policy's and the best static depth's replay speedup, with their 95 %
+    intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = comparison["runs"]
+    figure, axis = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.5))
+    for offset, key, label in ((-0.2, "learned", "learned"), (0.2, "best_static", "best static depth")):
+        values = [row[key]["speedup"] for row in rows]
+        errors = [[v - row[key]["low"] for v, row in zip(values, rows)], [row[key]["high"] - v for v, row in zip(values, rows)]]
+        axis.bar([x + offset for x in range(len(rows))], values, 0.4, yerr=errors, capsize=3, label=label)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks(range(len(rows)), [row["run"] for row in rows], rotation=30, ha="right", fontsize=7)
+    axis.set(ylabel="replay speedup over plain decoding", title="sweep: learned vs best static depth per run [95 % interval]")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -4,7 +4,9 @@ the check that tree traces follow the prompts their chain traces were recorded w
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -20,9 +22,17 @@ from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
 from adaptive.tree_traces import TreeTraceSet, record_trees
 from adaptive.workload import chat_ids, first_per_language, interleave_tasks, load_prompts
+from lab.scale import parallel_map
 from policies import make_policy
 
 TRACES = Path("data") / "traces"
+
+
+def recording_time() -> str:
+    """Now, or the time in ``SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention: equal
+    recordings then make byte-identical trace files)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(int(epoch)) if epoch else time.localtime())
 
 
 def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) -> dict:
@@ -34,7 +44,7 @@ def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) 
         "dtype": str(pair.target.dtype).removeprefix("torch."),
         "dtype_asked": dtype,
         "recorded_on": hardware_description(pair.target.device),
-        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "recorded_at": recording_time(),
         **extra,
     }
 
@@ -86,6 +96,23 @@ def record_chains(
     ids = [chat_ids(pair.tokenizer, p["prompt"]) for p in prompts]
     with tqdm(total=len(prompts), desc=f"record {split}", unit="prompt") as progress:
         return record(decoder, prompts, ids, max_new_tokens, depth, metadata, given, progress, seed, copy)
+
+
+def record_chains_sharded(load: Callable[[], ModelPair], name: str, prompts: list[dict], *, workers: int, address: str | None = None, **settings) -> TraceSet:
+    """:func:`record_chains` of ``prompts`` in ``workers`` consecutive shards, as Ray tasks (:mod:`lab.scale`)
+    that each load the pair with ``load`` (a picklable callable, e.g. a ``functools.partial`` of
+    ``load_pair``), joined into the trace set one process records: entry i keeps seed + i. Greedy traces are
+    then byte-identical to a single process's when both run with the same torch threads per process and
+    ``SOURCE_DATE_EPOCH`` fixes the recording time."""
+    samples, seed = settings.get("samples", 1), settings.get("seed", 0)
+    bounds = [round(k * len(prompts) / workers) for k in range(workers + 1)]
+    tasks = [(load, name, prompts[a:b], {**settings, "seed": seed + a * samples}) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return TraceSet.join(parallel_map(_record_shard, tasks, workers, address, desc=f"record {settings.get('split', '')}"))
+
+
+def _record_shard(task: tuple) -> TraceSet:
+    load, name, prompts, settings = task
+    return record_chains(load(), name, prompts, **settings)
 
 
 def record_tree_traces(

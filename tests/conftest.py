@@ -9,7 +9,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -96,3 +97,33 @@ def eagle_head(target):
     with torch.no_grad():
         head.lm_head.weight.mul_(8.0)  # peaked, model-like proposals
     return head
+
+
+@pytest.fixture(scope="session")
+def model_folders(tmp_path_factory):
+    """A tiny target/draft pair with a real (word-level) tokenizer, saved like any local model, and an EAGLE-3 head."""
+    from adaptive.eagle3 import Eagle3Config, Eagle3Head, save_head
+
+    words = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "and", "then", "slept", "here", "now", "."]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>")
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+    target = tiny_llama(0, dtype=torch.float32)
+    draft = perturbed_copy(target, 0.3, seed=1)
+    folders = {}
+    for name, model in (("target", target), ("draft", draft)):
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[name] = str(folder)
+    torch.manual_seed(2)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 1)), target.get_input_embeddings())
+    head.set_vocabulary(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 15]))
+    folders["head"] = str(tmp_path_factory.mktemp("head"))
+    save_head(head, folders["head"])
+    return folders
+
+
+def _word_tokenizer(words: list[str]) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer

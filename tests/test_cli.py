@@ -6,12 +6,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from conftest import perturbed_copy, tiny_llama
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
-from adaptive.eagle3 import Eagle3Config, Eagle3Head, save_head
 from adaptive.profile import CostProfile
 
 
@@ -43,34 +38,6 @@ def test_costmodel_bad_alpha_is_a_clear_error():
     result = run("costmodel", "--alpha", "1.5", "--c", "0.1")
     assert result.returncode == 2
     assert "alpha must be in [0, 1], got 1.5" in result.stderr
-
-
-@pytest.fixture(scope="module")
-def model_folders(tmp_path_factory):
-    """A tiny target/draft pair with a real (word-level) tokenizer, saved like any local model."""
-    words = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "and", "then", "slept", "here", "now", "."]
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_word_tokenizer(words), eos_token="<eos>", unk_token="<eos>")
-    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
-    target = tiny_llama(0, dtype=torch.float32)
-    draft = perturbed_copy(target, 0.3, seed=1)
-    folders = {}
-    for name, model in (("target", target), ("draft", draft)):
-        folder = tmp_path_factory.mktemp(name)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        folders[name] = str(folder)
-    torch.manual_seed(2)
-    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 1)), target.get_input_embeddings())
-    head.set_vocabulary(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 15]))
-    folders["head"] = str(tmp_path_factory.mktemp("head"))
-    save_head(head, folders["head"])
-    return folders
-
-
-def _word_tokenizer(words: list[str]) -> Tokenizer:
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    return tokenizer
 
 
 def test_generate_prints_rounds_and_speedup(model_folders):

@@ -35,6 +35,17 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
 
 
+def add_worker_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--workers and --address: run the command's independent tasks on Ray (:mod:`lab.scale`)."""
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help=f"split the {what} across N Ray workers (a local Ray with N CPUs; needs the scale extra); default 1: in this process",
+    )
+    parser.add_argument("--address", help="a running Ray cluster (ray start --head) instead of a local one; default $RAY_ADDRESS")
+
+
 def pair_from_arguments(args: argparse.Namespace) -> ModelPair:
     """The pair named by --pair (its target with the copy drafter under --draft copy), or the one given by
     --target and --draft."""

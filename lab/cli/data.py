@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import time
@@ -18,13 +19,14 @@ from adaptive.profiling import profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from adaptive.workload import COPY_TASKS, TASKS
-from lab.cli.common import add_pair_arguments, pair_from_arguments, pair_name
+from lab.cli.common import add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import POOL, SHARDS, generate_shards
 from lab.distill_eagle3 import Eagle3Kind
 from lab.draft_training import TrainingConfig, train_draft
-from lab.recording import TRACES, record_chains, record_tree_traces, select_prompts
+from lab.recording import TRACES, record_chains, record_chains_sharded, record_tree_traces, select_prompts
 from lab.report import format_table
+from lab.scale import wants_ray
 
 TASK_GROUPS = {"copy-heavy": COPY_TASKS, "all": TASKS}
 """Names for several task types at once (their prompts take turns within each language)."""
@@ -90,9 +92,14 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError("--tree records greedy traces only (tree mode is greedy-only); drop --temperature")
     if args.copy and (args.tree or args.temperature > 0):
         raise ValueError("--copy records greedy chain traces (copy replay is greedy, chains only); drop --tree / --temperature")
-    pair, name = pair_from_arguments(args), pair_name(args)
+    if not (args.pair or args.target):
+        args.pair = "smollm2-135m"
+    if args.tree and wants_ray(args.workers, args.address):
+        raise ValueError("--workers / --address shard chain recording; record tree traces in one process (drop them)")
+    name = pair_name(args)
     start = time.perf_counter()
     if args.tree:
+        pair = pair_from_arguments(args)
         shape = TreeShape.parse(args.tree)
         source = args.outputs or TRACES / f"{name}-{args.split}.npz"
         traces = record_tree_traces(
@@ -117,21 +124,23 @@ def cmd_record(args: argparse.Namespace) -> int:
         return 0
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     prompts = select_prompts(args.split, args.lang, args.per_language, args.limit, TASK_GROUPS.get(args.task, args.task))
-    traces = record_chains(
-        pair,
-        name,
-        prompts,
-        split=args.split,
-        dtype=args.dtype,
-        depth=args.depth,
-        max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
-        outputs=args.outputs,
-        profile=args.profile,
-        seed=args.seed,
-        samples=args.samples,
-        copy=CopyDraft() if args.copy else None,
-    )
+    settings = {
+        "split": args.split,
+        "dtype": args.dtype,
+        "depth": args.depth,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": sampling,
+        "outputs": args.outputs,
+        "profile": args.profile,
+        "seed": args.seed,
+        "samples": args.samples,
+        "copy": CopyDraft() if args.copy else None,
+    }
+    if wants_ray(args.workers, args.address):
+        load = functools.partial(pair_from_arguments, argparse.Namespace(**{k: getattr(args, k) for k in ("pair", "target", "draft", "dtype", "device")}))
+        traces = record_chains_sharded(load, name, prompts, workers=args.workers, address=args.address, **settings)
+    else:
+        traces = record_chains(pair_from_arguments(args), name, prompts, **settings)
     task = f"-{args.task}" if args.task not in (None, "all") else ""
     suffix = task + ("" if sampling.is_greedy else f"-t{args.temperature:g}") + ("-copy" if args.copy else "")
     out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
@@ -195,7 +204,6 @@ def register(commands) -> None:
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     add_pair_arguments(rec)
-    rec.set_defaults(pair="smollm2-135m")
     rec.add_argument("--split", default="train", choices=["train", "val", "test"])
     rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
     rec.add_argument("--limit", type=int, help="only the first N prompts")
@@ -222,6 +230,7 @@ def register(commands) -> None:
         "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels",
     )
     rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree)")
+    add_worker_arguments(rec, "prompts")
     rec.set_defaults(func=cmd_record)
 
     data = commands.add_parser("distill-data", help="generate the target's responses to the draft-training prompts (sharded, resumable)")

@@ -6,12 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
+from lab.cli.common import add_worker_arguments
 from lab.comparison import evaluate
 from lab.config import load_config
 from lab.copy_comparison import evaluate_sources
 from lab.report import format_table
 from lab.retarget import retarget
 from lab.runs import finished_run_name, latest_runs, link_latest, stamped
+from lab.sweep import parse_assignment, report, run_sweep
 from lab.training import resume, train
 from lab.tree_comparison import evaluate_trees
 
@@ -40,6 +42,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     rows = [[name, f"{v['speedup']:.3f}x", v["tokens"], f"{v['seconds']:.2f}"] for name, v in evaluation.items()]
     print(format_table(["policy (evaluation env)", "speedup over plain", "tokens", "modelled seconds"], rows))
     print(f"policy: {final}   use it: adaptive generate --policy {folder} ...   plots: {folder / 'plots'}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Train a grid of configs (values of some keys × seeds), on Ray workers or here, and compare the runs."""
+    assignments = [parse_assignment(text) for text in args.set or []]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    base = load_config(args.config)  # the base config must be valid on its own
+    out = Path(args.out or stamped(args.runs, f"{base.name}-sweep"))
+    print(f"sweep folder: {out}")
+    comparison = run_sweep(args.config, assignments, seeds, out, args.workers, args.address)
+    print(report(comparison))
+    print(f"sweep.json, report.md and sweep.png in {out}; each run in {out}/RUN")
     return 0
 
 
@@ -91,6 +106,15 @@ def register(commands) -> None:
     trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     trn.add_argument("--profile", help=PROFILE_HELP)
     trn.set_defaults(func=cmd_train)
+
+    swp = commands.add_parser("sweep", help="train a grid of experiment configs (key values × seeds), on Ray workers or here, and compare them")
+    swp.add_argument("config", help="the base experiment YAML")
+    swp.add_argument("--set", action="append", metavar="KEY=V1,V2", help="a config key and its values (repeatable; dotted keys, e.g. env.max_depth=4,8)")
+    swp.add_argument("--seeds", default="0", help="comma-separated seeds, each grid point trained once per seed (default 0)")
+    swp.add_argument("--runs", default="runs", help="parent of the sweep folder (default runs/)")
+    swp.add_argument("--out", help="sweep folder (default RUNS/NAME-sweep-DATE)")
+    add_worker_arguments(swp, "training runs")
+    swp.set_defaults(func=cmd_sweep)
 
     ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
     ev.add_argument("config", help="the experiment YAML the policies were trained with")
