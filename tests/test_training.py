@@ -166,6 +166,21 @@ def test_tracker_failures_never_stop_the_work(tmp_path):
     assert list((tmp_path / "wandb").glob("offline-run-*"))
 
 
+def test_an_unreachable_wandb_server_never_stops_training(tmp_path, monkeypatch):
+    """tracking.wandb: online, the server unreachable: W&B gives up after WANDB_INIT_TIMEOUT seconds (bounded
+    here at 5) and the run trains, evaluates and exports as without tracking."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    config = synthetic("unreachable", 1_024, alphas=[0.7], c=0.1)
+    config["tracking"] = {"wandb": "online"}
+    start = time.perf_counter()
+    train(config_from_dict(config), tmp_path / "run")
+    assert (tmp_path / "run" / "evaluation.json").is_file() and (tmp_path / "run" / "final" / "policy.json").is_file()
+    assert time.perf_counter() - start < 120
+
+
 def test_training_is_reproducible_from_its_seed(tmp_path):
     config = synthetic("repeat", 2_048, alphas=[0.3, 0.9], switch_prob=0.1, c=0.1)
     for name in ("a", "b"):
