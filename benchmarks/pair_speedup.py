@@ -3,14 +3,15 @@
 Compared, on the same prompts (chat format), the same number of new tokens and the same dtype: plain target
 decoding; our decoder with static γ = 1..8, each baseline policy and any learned policy given by path;
 transformers `generate(assistant_model=…)` with its heuristic schedule and with its default confidence
-threshold (0.4), where the draft is a transformers model (an EAGLE-3 head is not). For every prompt all
+threshold (0.4), where the draft is a transformers model (an EAGLE-3 head is not); with --generate-route, each
+policy also through transformers' own generate() (custom_generate=adaptive.integrations.transformers.generate). For every prompt all
 configurations run back to back (interleaved), so machine noise spreads over all of them. Reported per
 language: tokens/s (total emitted tokens / total time), speedup over plain, mean tokens per round τ (ours),
 the per-token acceptance α = accepted / (accepted + rejections) (ours), and whether greedy outputs equal
 plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:mod:`adaptive.divergence`).
 
 Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--repeats 2] [--temperatures 0,0.7] [--dtype auto]
-     [--draft DIR] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy] [--copy]
+     [--draft DIR] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy] [--copy] [--generate-route]
 (--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft; --copy: a copy
 drafter beside the draft for every policy, so policies with a source — static:G:copy, static:G:copy+model,
 suffix — can use it, plus transformers' prompt-lookup rule as a drafter of its own, drafting to its cap of 10.)
@@ -31,6 +32,7 @@ from adaptive import SamplingConfig, SpeculativeDecoder, load_pair
 from adaptive.copy_draft import CopyDraft, PromptLookupDraft
 from adaptive.divergence import first_divergence
 from adaptive.generation import GenerationResult
+from adaptive.integrations.transformers import generate as route_generate
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_pair_from_paths
 from adaptive.profiling import hardware_description
@@ -62,6 +64,30 @@ class Assisted:
         out = self.pair.target.generate(
             torch.tensor([ids]),
             assistant_model=self.pair.draft,
+            max_new_tokens=new_tokens,
+            pad_token_id=self.pair.tokenizer.eos_token_id,
+            **({"do_sample": False} if self.sampling.is_greedy else sampled),
+        )
+        seconds = time.perf_counter() - start
+        return GenerationResult(ids, out[0, len(ids) :].tolist(), [], 0.0, seconds, "length", first_token_time=math.nan)
+
+
+class GenerateRoute:
+    """transformers' ``generate()`` running our decoding loop (``custom_generate``) with a policy and the pair's
+    draft, as a decoder the live protocol runs."""
+
+    def __init__(self, pair, spec: str, sampling: SamplingConfig) -> None:
+        self.pair, self.policy, self.sampling = pair, make_policy(spec), sampling
+
+    def generate(self, ids: list[int], new_tokens: int, seed: int = 0) -> GenerationResult:
+        torch.manual_seed(seed)
+        sampled = {"do_sample": True, "temperature": self.sampling.temperature, "top_k": None}
+        start = time.perf_counter()
+        out = self.pair.target.generate(
+            torch.tensor([ids]),
+            custom_generate=route_generate,
+            draft=self.pair.draft,
+            policy=self.policy,
             max_new_tokens=new_tokens,
             pad_token_id=self.pair.tokenizer.eos_token_id,
             **({"do_sample": False} if self.sampling.is_greedy else sampled),
@@ -105,6 +131,8 @@ def run(args: argparse.Namespace) -> dict:
             decoders[PROMPT_LOOKUP] = lambda sampling=sampling: SpeculativeDecoder(
                 pair.target, PromptLookupDraft(), StaticDepth(10), sampling, tokenizer=pair.tokenizer
             )
+        if args.generate_route:
+            decoders.update({f"generate() + {spec}": (lambda spec=spec, sampling=sampling: GenerateRoute(pair, spec, sampling)) for spec in args.policies})
         if args.transformers and hf_draft:
             decoders.update({name: (lambda mode=mode, sampling=sampling: Assisted(pair, mode, sampling)) for name, mode in HF_MODES.items()})
         live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, sampling.describe(), sampling, args.seed)
@@ -175,6 +203,11 @@ def main() -> None:
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.7])
     parser.add_argument("--policies", type=lambda s: s.split(","), default=POLICIES, help="policy specs or learned policy paths, comma-separated")
     parser.add_argument("--no-transformers", dest="transformers", action="store_false")
+    parser.add_argument(
+        "--generate-route",
+        action="store_true",
+        help="also each policy through transformers' generate(custom_generate=adaptive.integrations.transformers.generate)",
+    )
     parser.add_argument("--task", choices=[*TASKS, "copy-heavy"], help="only this task type (copy-heavy: the four whose answers copy the prompt)")
     parser.add_argument("--copy", action="store_true", help="a copy drafter beside the draft (for source-aware policies) and transformers' prompt lookup")
     parser.add_argument("--seed", type=int, default=0)

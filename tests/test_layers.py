@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {"adaptive": {"adaptive"}, "envs": {"adaptive", "envs"}, "policies": {"adaptive", "policies"}, "lab": {"adaptive", "envs", "policies", "lab"}}
-LAZY = {"matplotlib", "matplotlib.pyplot", "wandb"}
+LAZY = {"matplotlib", "matplotlib.pyplot", "wandb", "ray"}
 """Heavy or optional third-party imports that may load on first use (never a way around a cycle)."""
 
 
