@@ -6,7 +6,8 @@ node; every node needs the project installed at the same path). Otherwise the ta
 Ray is the optional extra ``scale`` (``pip install -e ".[scale]"``).
 
 A Ray task runs in a worker process with one CPU (Ray sets its torch threads to 1) and in the driver's
-working directory when that exists there, so relative paths (data/, runs/) mean the same as here.
+working directory when that exists there, so relative paths (data/, runs/) mean the same as here. A local
+Ray's workers run at this process's priority (``RAY_worker_niceness`` 0 unless set; Ray's default is 15).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def parallel_map(function: Callable[[Any], Any], arguments: Sequence, workers: i
     if started_here:
         cluster = address or os.environ.get("RAY_ADDRESS")
         options = {"address": cluster} if cluster else {"num_cpus": workers, "include_dashboard": False}
+        if not cluster:  # Ray runs workers at nice 15; here they are the work, on equal terms with this process
+            os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(**options, configure_logging=False, log_to_driver=False)
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(_in_folder)
