@@ -267,10 +267,12 @@ def _schedule(step: int, config: TrainingConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train_draft(kind: DraftKind, target, tokenizer, data: Path, out: Path, config: TrainingConfig, features: Path | None = None) -> dict:
+def train_draft(
+    kind: DraftKind, target, tokenizer, data: Path, out: Path, config: TrainingConfig, features: Path | None = None, write_features: bool = True
+) -> dict:
     """Train (or continue training) a draft of ``kind`` into ``out``; returns the last held-out measurement.
     ``features``: a root folder for the target's features on local disk (:mod:`lab.feature_cache`), None to
-    recompute them."""
+    recompute them; ``write_features`` False: only read what another training fills there."""
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
     sequences = read_shards(data)
@@ -293,7 +295,7 @@ def train_draft(kind: DraftKind, target, tokenizer, data: Path, out: Path, confi
         lengths: dict[str, list[int]] = {}
         for s in sequences:
             lengths.setdefault(s.shard, []).append(min(config.max_length, len(s.prompt) + len(s.response)))
-        cache = FeatureCache(folder, data, lengths, (3 * target.config.hidden_size, target.config.hidden_size), target.dtype)
+        cache = FeatureCache(folder, data, lengths, (3 * target.config.hidden_size, target.config.hidden_size), target.dtype, write_features)
         log.info("feature cache %s: %.0f %% filled", folder, 100 * cache.filled_share())
     teacher = _Features(target, cache, vocab)
     optimiser = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0)

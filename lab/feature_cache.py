@@ -33,19 +33,21 @@ def cache_folder(root: Path, data: Path, dtype: torch.dtype, layer_ids, max_leng
 class _Shard:
     """The memmaps of one data shard's sequences."""
 
-    def __init__(self, folder: Path, name: str, size: int, lengths: list[int], widths: tuple[int, int], dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, name: str, size: int, lengths: list[int], widths: tuple[int, int], dtype: torch.dtype, writable: bool = True) -> None:
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self.dtype, self.storage = dtype, STORAGE[dtype]
+        self.dtype, self.storage, self.writable = dtype, STORAGE[dtype], writable
         layout = {"shard_bytes": size, "lengths": lengths, "widths": list(widths), "dtype": str(dtype)}
         meta, self.filled_path = folder / f"{name}.json", folder / f"{name}.filled.npy"
         fresh = not meta.is_file() or json.loads(meta.read_text()) != layout
-        mode = "w+" if fresh else "r+"
+        self.filled = np.zeros(len(lengths), dtype=bool)
+        if fresh and not writable:  # nothing usable cached for this shard yet
+            return
+        mode = "w+" if fresh else "r+" if writable else "r"
         total = max(1, int(self.offsets[-1]))
         self.aux = np.memmap(folder / f"{name}.aux", dtype=self.storage, mode=mode, shape=(total, widths[0]))
         self.final = np.memmap(folder / f"{name}.final", dtype=self.storage, mode=mode, shape=(total, widths[1]))
         if fresh:
             meta.write_text(json.dumps(layout))
-            self.filled = np.zeros(len(lengths), dtype=bool)
             np.save(self.filled_path, self.filled)
         else:
             self.filled = np.load(self.filled_path, allow_pickle=False)
@@ -64,6 +66,10 @@ class _Shard:
         self.filled[row] = True
 
     def flush(self) -> None:
+        if not self.writable:  # another process fills this cache: see what it has made durable since
+            if self.filled_path.is_file() and hasattr(self, "aux"):
+                self.filled = np.load(self.filled_path, allow_pickle=False)
+            return
         self.aux.flush()
         self.final.flush()
         np.save(self.filled_path, self.filled)
@@ -77,11 +83,14 @@ class FeatureCache:
         data: the folder of the data shards (their sizes detect a changed shard).
         lengths: per shard name, each row's token count after the cut.
         widths: (3H, H).
+        writable: False to read what another process (one training) fills and never write: two trainings
+            can then share one cache; :meth:`flush` re-reads which sequences it has made durable.
     """
 
-    def __init__(self, folder: Path, data: Path, lengths: dict[str, list[int]], widths: tuple[int, int], dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, data: Path, lengths: dict[str, list[int]], widths: tuple[int, int], dtype: torch.dtype, writable: bool = True) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.shards = {name: _Shard(folder, name, (Path(data) / name).stat().st_size, rows, widths, dtype) for name, rows in lengths.items()}
+        self.writable = writable
+        self.shards = {name: _Shard(folder, name, (Path(data) / name).stat().st_size, rows, widths, dtype, writable) for name, rows in lengths.items()}
 
     def has(self, shard: str, row: int) -> bool:
         return bool(self.shards[shard].filled[row])
@@ -93,13 +102,15 @@ class FeatureCache:
         return torch.stack([a for a, _ in pad]), torch.stack([f for _, f in pad])
 
     def write(self, keys: list[tuple[str, int]], aux: torch.Tensor, final: torch.Tensor) -> None:
-        """Store each sequence's states (``[B, T, ·]``, right-padded; each row keeps its own length)."""
+        """Store each sequence's states (``[B, T, ·]``, right-padded; each row keeps its own length); a read-only cache stores nothing."""
+        if not self.writable:
+            return
         for index, (shard, row) in enumerate(keys):
             length = self.shards[shard].rows(row).stop - self.shards[shard].rows(row).start
             self.shards[shard].write(row, aux[index, :length], final[index, :length])
 
     def flush(self) -> None:
-        """Make every write durable, then mark the written sequences filled."""
+        """Make every write durable, then mark the written sequences filled (read-only: re-read the marks)."""
         for shard in self.shards.values():
             shard.flush()
 

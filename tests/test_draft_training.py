@@ -122,3 +122,21 @@ def test_training_from_the_feature_cache_equals_training_from_the_target(deep_ta
     for other in logs[1:]:
         for a, b in zip(logs[0], other, strict=True):
             assert a.get("loss", 0.0) == pytest.approx(b.get("loss", 0.0), rel=1e-6) and a["accuracy"] == b["accuracy"]
+
+
+def test_a_read_only_cache_serves_what_another_training_filled_and_writes_nothing(deep_target, tmp_path):
+    """Two trainings at once share one cache: the reader uses the rows the writer made durable, never writes,
+    and trains exactly as it would recomputing every batch."""
+    _shards(tmp_path / "data", deep_target)
+    config = _config(steps=12, checkpoint_every=6)
+    kind = StandaloneKind(num_layers=1)
+    train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "alone", config, tmp_path / "cache", write_features=False)
+    assert not list((tmp_path / "cache").rglob("*.aux"))
+    train_draft(Eagle3Kind(ttt_steps=3), deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "writer", config, tmp_path / "cache")
+    (folder,) = (tmp_path / "cache").iterdir()
+    written = {path.name: path.read_bytes() for path in folder.iterdir()}
+    train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "reader", config, tmp_path / "cache", write_features=False)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == written
+    alone, reader = ([json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()] for run in ("alone", "reader"))
+    for a, b in zip(alone, reader, strict=True):
+        assert a.get("loss", 0.0) == pytest.approx(b.get("loss", 0.0), rel=1e-6) and a["accuracy"] == b["accuracy"]

@@ -181,7 +181,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     target, tokenizer = load_target("smollm2-135m", args.target_dtype)
     config = TrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed)
     features = None if args.feature_cache == "none" else Path(args.feature_cache)
-    print(json.dumps(train_draft(kind, target, tokenizer, Path(args.data), Path(args.out), config, features), indent=1))
+    print(json.dumps(train_draft(kind, target, tokenizer, Path(args.data), Path(args.out), config, features, not args.read_cache_only), indent=1))
     return 0
 
 
@@ -257,6 +257,11 @@ def register(commands) -> None:
         "--feature-cache",
         default=str(cache_root() / "features"),
         help="folder for the target's features on local disk, read instead of recomputed after the first epoch (none: recompute)",
+    )
+    dist.add_argument(
+        "--read-cache-only",
+        action="store_true",
+        help="use the features another training fills in the cache, never write them (two trainings at once share one cache)",
     )
     dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
     dist.add_argument("--layers", type=int, default=2, help="standalone: transformer layers, initialised from the target's first")
