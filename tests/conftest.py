@@ -73,6 +73,19 @@ def flat_profile(c: float = 0.1):
     return CostProfile((1,), (10.0 * c,), (verify,), c, tuple(v / 10.0 for v in verify[1:]), 10.0, {}, copy_ms=(0.05,))
 
 
+def brief_synthetic_config(name: str, eval_episodes: int = 4) -> dict:
+    """An experiment config that trains a depth policy in seconds: 1,024 PPO steps on the synthetic env
+    (α = 0.7, c = 0.1, depths up to 4), W&B off."""
+    return {
+        "name": name,
+        "seed": 0,
+        "env": {"backend": "synthetic", "max_depth": 4, "max_new_tokens": 128, "decision_seconds": 0.0, "alphas": [0.7], "c": 0.1},
+        "depth_policy": {"timesteps": 1024, "n_steps": 512, "batch_size": 128, "n_epochs": 2},
+        "eval_episodes": eval_episodes,
+        "tracking": {"wandb": "disabled"},
+    }
+
+
 SUBSET = [0, 2, 3, 5, 7, 8, 11, 13, 14]
 """Tokens a reduced-vocabulary draft may propose; the other 7 of 16 have q = 0."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import brief_synthetic_config
 
 from lab.config import config_from_dict
 from lab.scale import parallel_map, wants_ray
@@ -38,16 +39,8 @@ def test_recording_on_two_ray_workers_writes_the_single_process_file_byte_for_by
 
 
 def synthetic_base(tmp_path: Path) -> Path:
-    config = {
-        "name": "tiny-sweep",
-        "seed": 0,
-        "env": {"backend": "synthetic", "max_depth": 4, "max_new_tokens": 128, "decision_seconds": 0.0, "alphas": [0.7], "c": 0.1},
-        "depth_policy": {"timesteps": 1024, "n_steps": 512, "batch_size": 128, "n_epochs": 2},
-        "eval_episodes": 8,
-        "tracking": {"wandb": "disabled"},
-    }
     path = tmp_path / "base.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(brief_synthetic_config("tiny-sweep", eval_episodes=8)))
     return path
 
 
@@ -58,7 +51,12 @@ def test_a_sweep_of_two_configs_and_two_seeds_trains_on_two_ray_workers_and_comp
     result = run_cli("sweep", str(base), "--set", "env.max_depth=2,4", "--seeds", "0,1", "--workers", "2", "--out", str(out))
     assert "Grid points" in result.stdout
     comparison = json.loads((out / "sweep.json").read_text())
-    assert [r["run"] for r in comparison["runs"]] == ["tiny-sweep-max_depth2-s0", "tiny-sweep-max_depth2-s1", "tiny-sweep-max_depth4-s0", "tiny-sweep-max_depth4-s1"]
+    assert [r["run"] for r in comparison["runs"]] == [
+        "tiny-sweep-max_depth2-s0",
+        "tiny-sweep-max_depth2-s1",
+        "tiny-sweep-max_depth4-s0",
+        "tiny-sweep-max_depth4-s1",
+    ]
     for row in comparison["runs"]:
         assert row["learned"]["low"] <= row["learned"]["speedup"] <= row["learned"]["high"]
         assert row["best_static"]["policy"] in ({"static:1", "static:2"} if "depth2" in row["run"] else {f"static:{d}" for d in range(1, 5)})
@@ -82,6 +80,8 @@ def test_without_workers_the_tasks_run_here_in_order():
 def test_bad_sweep_assignments_are_refused_before_anything_runs(tmp_path):
     base = synthetic_base(tmp_path)
     for bad, message in ((["--set", "env.max_depth"], "KEY=V1,V2"), (["--set", "env.no_such_key=1,2"], "no_such_key")):
-        result = subprocess.run([sys.executable, "-m", "lab.cli", "sweep", str(base), *bad, "--out", str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "lab.cli", "sweep", str(base), *bad, "--out", str(tmp_path / "s")], capture_output=True, text=True, timeout=120
+        )
         assert result.returncode != 0 and message in result.stderr
         assert not (tmp_path / "s" / "sweep.json").exists()

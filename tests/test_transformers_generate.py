@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import brief_synthetic_config
 from test_decoder_exactness import N_SAMPLES, PROMPT, deviation_statistics
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -20,15 +21,7 @@ from policies import HeuristicSchedule, StaticDepth, make_policy
 def learned(tmp_path_factory):
     """A policy trained briefly on the synthetic environment (what ``load_policy(RUN)`` gives a user)."""
     folder = tmp_path_factory.mktemp("learned") / "run"
-    config = {
-        "name": "tiny",
-        "seed": 0,
-        "env": {"backend": "synthetic", "max_depth": 4, "max_new_tokens": 128, "decision_seconds": 0.0, "alphas": [0.7], "c": 0.1},
-        "depth_policy": {"timesteps": 1024, "n_steps": 512, "batch_size": 128, "n_epochs": 2},
-        "eval_episodes": 4,
-        "tracking": {"wandb": "disabled"},
-    }
-    train(config_from_dict(config), folder)
+    train(config_from_dict(brief_synthetic_config("tiny")), folder)
     return make_policy(str(folder))
 
 
