@@ -5,9 +5,11 @@ The first run on a fresh machine converts the GGUF target once (about 20 s)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
 from adaptive.draft_model import read_metadata
+from adaptive.integrations.transformers import generate as adaptive_generate
 from adaptive.pair import ASSETS
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from policies import make_policy
@@ -87,3 +89,21 @@ def test_every_request_of_a_mixed_batch_is_greedy_identical_on_the_real_pair(pai
     plain = [greedy_runs[lang][1].token_ids for lang in LANGUAGES] + [generate_plain(pair.target, ids, 32).token_ids for ids in prompts[4:]]
     assert [r.token_ids for r in results] == plain
     assert sum(sum(r.accepted) for r in results) > 32
+
+
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_the_generate_route_on_the_real_pair_is_plain_generate_at_fp32(pair, greedy_runs, lang):
+    """transformers' own generate() with our loop (custom_generate) and the heuristic policy: the same tokens
+    as transformers' plain greedy generate() (fp32)."""
+    ids = torch.tensor([greedy_runs[lang][1].prompt_ids])
+    plain = pair.target.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=pair.tokenizer.eos_token_id)
+    routed = pair.target.generate(
+        ids,
+        custom_generate=adaptive_generate,
+        draft=pair.draft,
+        policy=make_policy("heuristic"),
+        max_new_tokens=32,
+        do_sample=False,
+        pad_token_id=pair.tokenizer.eos_token_id,
+    )
+    assert torch.equal(routed, plain)
