@@ -25,7 +25,12 @@ class Tracker:
             import wandb
 
             folder.mkdir(parents=True, exist_ok=True)
-            self.run = wandb.init(mode=mode, project=project, group=group, name=name, job_type=job_type, config=config, dir=str(folder), reinit="create_new")
+            # read now, not when wandb was first imported: how long an unreachable server may hold this run up
+            timeout = os.environ.get("WANDB_INIT_TIMEOUT")
+            settings = wandb.Settings(init_timeout=float(timeout)) if timeout else None
+            self.run = wandb.init(
+                mode=mode, project=project, group=group, name=name, job_type=job_type, config=config, dir=str(folder), reinit="create_new", settings=settings
+            )
         except Exception as error:  # noqa: BLE001 - tracking must never stop training
             self._fail("init", error)
 
