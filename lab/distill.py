@@ -45,6 +45,7 @@ class StandaloneKind(DraftKind):
 
     name = "standalone"
     steps_predicted = 1
+    lead = 0
 
     def __init__(self, num_layers: int = 2, init: str | Path | None = None) -> None:
         self.num_layers, self.init = num_layers, init

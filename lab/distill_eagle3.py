@@ -41,6 +41,7 @@ class Eagle3Kind(DraftKind):
     """An EAGLE-3 head: one decoder layer over the target's fused hidden states, trained with the training-time test."""
 
     name = "eagle3"
+    lead = 1
 
     def __init__(self, ttt_steps: int = 7, decay: float = 0.8) -> None:
         self.ttt_steps, self.decay = ttt_steps, decay

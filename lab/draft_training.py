@@ -93,6 +93,10 @@ class DraftKind(ABC):
     steps_predicted: int
     """Draft positions :meth:`predictions` returns (an unrolled head: several; a chain draft measured
     teacher-forced: one)."""
+    lead: int
+    """How far ahead of its base position a draft's first step predicts, in target rows: a standalone draft
+    at t predicts the token after t (the target's row t: 0); a head at t reads the target's state at t and
+    the token after it, so it predicts the one after that (row t + 1: 1). Step k is judged at row t + k + lead."""
 
     @abstractmethod
     def build(self, target, vocab: torch.Tensor) -> nn.Module:
@@ -222,7 +226,7 @@ def heldout_accuracy(
         losses.append(float(loss))
         run = torch.ones_like(batch.mask)
         for step, predicted in enumerate(predictions):
-            shift = step + 1
+            shift = step + kind.lead
             truth = torch.nn.functional.pad(batch.target_argmax[:, shift:], (0, shift), value=-1)
             valid = torch.nn.functional.pad(batch.mask[:, shift:], (0, shift), value=False) & batch.mask
             correct = (vocab[predicted] == truth) & valid

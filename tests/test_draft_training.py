@@ -15,7 +15,7 @@ from adaptive.draft_model import build_draft, load_draft
 from adaptive.eagle3 import load_head
 from lab.distill import StandaloneKind, kl_loss
 from lab.distill_eagle3 import Eagle3Kind
-from lab.draft_training import Batch, Sequence, TrainingConfig, draft_log_probs, draft_vocabulary, train_draft
+from lab.draft_training import Batch, Sequence, TrainingConfig, _Features, draft_log_probs, draft_vocabulary, heldout_accuracy, read_shards, train_draft
 from policies import make_policy
 
 
@@ -140,3 +140,14 @@ def test_a_read_only_cache_serves_what_another_training_filled_and_writes_nothin
     alone, reader = ([json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()] for run in ("alone", "reader"))
     for a, b in zip(alone, reader, strict=True):
         assert a.get("loss", 0.0) == pytest.approx(b.get("loss", 0.0), rel=1e-6) and a["accuracy"] == b["accuracy"]
+
+
+def test_a_standalone_draft_equal_to_the_target_scores_full_held_out_accuracy(deep_target, tmp_path):
+    """Each kind's predictions are judged against the target row they predict (a standalone draft's first
+    step: the row it is made at); a draft that is the target agrees with it everywhere (bf16 autocast aside)."""
+    _shards(tmp_path / "data", deep_target)
+    kind = StandaloneKind()
+    full = build_draft(deep_target, deep_target.config.num_hidden_layers, torch.arange(16))
+    vocab = kind.vocabulary(full)
+    measured = heldout_accuracy(kind, full, _Features(deep_target, None, vocab), read_shards(tmp_path / "data")[:8], _config(), vocab, 0)
+    assert measured["accuracy"][0] > 0.95
