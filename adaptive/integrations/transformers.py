@@ -80,8 +80,6 @@ def _check_call(input_ids: torch.Tensor, generation_config: GenerationConfig, dr
         raise ValueError(
             "pass the draft as draft=... (a model sharing the target's vocabulary, or an EAGLE-3 head); assistant_model= does not reach a custom_generate"
         )
-    if not isinstance(policy, DraftPolicy):
-        raise TypeError(f"policy must be a DraftPolicy (adaptive.load_policy(RUN) or policies.make_policy('static:4')), got {policy!r}")
     if input_ids.shape[0] != 1:
         raise ValueError(f"batch size 1 only (as transformers' assisted decoding), got input_ids of shape {tuple(input_ids.shape)}")
     mask = model_kwargs.get("attention_mask")
@@ -137,14 +135,12 @@ def generate(
     if budget > 0:
         seed = None if sampling.is_greedy else int(torch.randint(2**62, (1,)))  # torch's global generator decides
         for stats in decoder.stream(input_ids, max_new_tokens=budget, seed=seed):
-            emitted, stop = [], False
+            stop = False
             for token in stats.tokens:
-                emitted.append(token)
-                candidate = torch.cat((sequence, torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)), dim=1)
-                if bool(stopping_criteria(candidate, None).all()):
-                    stop = True
+                sequence = torch.cat((sequence, torch.tensor([[token]], dtype=sequence.dtype, device=sequence.device)), dim=1)
+                stop = bool(stopping_criteria(sequence, None).all())
+                if stop:
                     break
-            sequence = torch.cat((sequence, torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)), dim=1)
             if stop:
                 break
     if generation_config.return_dict_in_generate:
