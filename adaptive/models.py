@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -47,9 +48,13 @@ def smollm2_folder() -> Path:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.config.quantization_config = None  # save_pretrained refuses a model still marked GGUF-quantised
     model.hf_quantizer = None
-    staging = folder.with_name(folder.name + ".partial")  # rename at the end: no half-written cache
+    # Written under a name of this process's own, renamed at the end: no half-written cache, and two
+    # processes converting at once (two background jobs started together) do not collide.
+    staging = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging.replace(folder)
+    try:
+        staging.replace(folder)
+    except OSError:  # another process finished first: its copy is the same conversion
+        shutil.rmtree(staging)
     return folder

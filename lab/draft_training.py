@@ -13,7 +13,10 @@ response positions and its predictions; this module runs the loop.
 Resumable: ``out/checkpoint/`` holds the draft, the optimiser state (``torch.load`` with
 ``weights_only=True``) and ``state.json``; a rerun with the same ``out`` continues from it (shards added
 since join the data). Every ``checkpoint_every`` steps the held-out accuracy per draft position is logged
-to ``out/log.jsonl`` and the draft saved to ``out/``.
+to ``out/log.jsonl`` and the draft saved to ``out/`` with its ``state.json``. Those few files are small
+enough to commit, so a run also continues on another machine (a fresh clone) from ``out/`` alone: the
+draft and step are kept, the optimiser's moments are not (a few times the draft's size), so they start
+afresh under a new warm-up of ``warmup_steps``.
 """
 
 from __future__ import annotations
@@ -264,11 +267,16 @@ def _epoch(train_set: list[Sequence], rng: random.Random, batch_size: int, pool:
     return [i for batch in batches for i in batch]
 
 
-def _schedule(step: int, config: TrainingConfig) -> float:
+def _schedule(step: int, config: TrainingConfig, rewarm_from: int | None = None) -> float:
+    """Linear warm-up, then cosine decay to 0 at ``config.steps``; ``rewarm_from``: the step where a fresh
+    optimiser took over (its moments start at zero: warm up again from there)."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    if rewarm_from is not None and step < rewarm_from + config.warmup_steps:
+        return cosine * (step - rewarm_from + 1) / config.warmup_steps
+    return cosine
 
 
 def train_draft(
@@ -288,6 +296,11 @@ def train_draft(
         state = json.loads((checkpoint / "state.json").read_text())
         draft = kind.load(checkpoint, target).train()
         log.info("resuming at step %d", state["step"])
+    elif (out / "state.json").is_file():  # the run's committed files, e.g. from another machine
+        state = json.loads((out / "state.json").read_text())
+        state["rewarm_from"] = state["step"]
+        draft = kind.load(out, target).train()
+        log.info("resuming at step %d from the draft in %s (no optimiser state there: fresh moments, warm-up again)", state["step"], out)
     else:
         state = {"step": 0, "kind": kind.name, "config": asdict(config), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         torch.manual_seed(config.seed)
@@ -305,7 +318,9 @@ def train_draft(
     optimiser = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0)
     if (checkpoint / "optimiser.pt").is_file():
         optimiser.load_state_dict(torch.load(checkpoint / "optimiser.pt", weights_only=True))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _schedule(s, config), last_epoch=state["step"] - 1)
+    for group in optimiser.param_groups:  # a resumed schedule starts from the peak rate
+        group.setdefault("initial_lr", config.learning_rate)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _schedule(s, config, state.get("rewarm_from")), last_epoch=state["step"] - 1)
     rng = random.Random(config.seed)
     order: list[int] = []
     for _ in range(state["step"] * config.batch_size // max(1, len(train_set)) + 1):  # replay the data order up to here
@@ -336,6 +351,7 @@ def train_draft(
                     cache.flush()
                 _checkpoint(kind, draft, optimiser, state, checkpoint)
                 kind.save(draft, out, {"step": state["step"], "train_sequences": len(train_set), "heldout_accuracy": measured["accuracy"]})
+                (out / "state.json").write_text(json.dumps(state))
                 log.info(
                     "step %d: loss %.3f, held-out accuracy per position %s, tau@4 %s",
                     state["step"],

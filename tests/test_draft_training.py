@@ -4,6 +4,7 @@ standalone draft's loss, learning and resuming, the public layouts, and the feat
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +16,18 @@ from adaptive.draft_model import build_draft, load_draft
 from adaptive.eagle3 import load_head
 from lab.distill import StandaloneKind, kl_loss
 from lab.distill_eagle3 import Eagle3Kind
-from lab.draft_training import Batch, Sequence, TrainingConfig, _Features, draft_log_probs, draft_vocabulary, heldout_accuracy, read_shards, train_draft
+from lab.draft_training import (
+    Batch,
+    Sequence,
+    TrainingConfig,
+    _Features,
+    _schedule,
+    draft_log_probs,
+    draft_vocabulary,
+    heldout_accuracy,
+    read_shards,
+    train_draft,
+)
 from policies import make_policy
 
 
@@ -104,6 +116,26 @@ def test_training_learns_resumes_and_writes_a_loadable_draft(deep_target, tmp_pa
         assert deep_target.get_input_embeddings().weight.dtype == torch.float32  # training left the target's embedding alone
     prompt = [1, 5, 2, 9, 4]
     assert SpeculativeDecoder(deep_target, draft, make_policy("static:3")).generate(prompt, 20).token_ids == generate_plain(deep_target, prompt, 20).token_ids
+
+
+@pytest.mark.parametrize("kind", [Eagle3Kind(ttt_steps=3), StandaloneKind(num_layers=1)], ids=["eagle3", "standalone"])
+def test_a_run_continues_on_another_machine_from_its_committed_files_alone(deep_target, tmp_path, kind):
+    """What a fresh clone holds of a run is ``out/`` without ``checkpoint/`` (git-ignored: the optimiser's
+    moments are too big to commit): training continues from that draft and step, re-warming the rate."""
+    _shards(tmp_path / "data", deep_target)
+    train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config(steps=15))
+    shutil.copytree(tmp_path / "out", tmp_path / "clone", ignore=shutil.ignore_patterns("checkpoint"))
+    saved = kind.load(tmp_path / "clone", deep_target).state_dict()
+    measured = train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "clone", _config())
+    state = json.loads((tmp_path / "clone" / "state.json").read_text())
+    assert state["step"] == 30 and state["rewarm_from"] == 15
+    log = [json.loads(line) for line in (tmp_path / "clone" / "log.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in log] == [0, 15, 30]
+    assert log[-1]["heldout_loss"] < log[1]["heldout_loss"] and len(measured["accuracy"]) == kind.steps_predicted
+    assert any(not torch.equal(value, kind.load(tmp_path / "clone", deep_target).state_dict()[name]) for name, value in saved.items())
+    config = _config()
+    assert _schedule(15, config, rewarm_from=15) == pytest.approx(_schedule(15, config) / config.warmup_steps)
+    assert _schedule(17, config, rewarm_from=15) == _schedule(17, config)
 
 
 @pytest.mark.parametrize("kind", [Eagle3Kind(ttt_steps=3), StandaloneKind(num_layers=1)], ids=["eagle3", "standalone"])
