@@ -156,6 +156,26 @@ class Attention(nn.Module):
         out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(out.transpose(-3, -2).flatten(-2))
 
+    def attend_unrolled(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, own_keys: list[torch.Tensor], own_values: list[torch.Tensor], causal: torch.Tensor
+    ) -> torch.Tensor:
+        """The training-time test's attention, output ``[..., T, H]``: query t over the step-0 entries at bases
+        <= t (``keys``/``values`` ``[..., kv_heads, T, d]``, ``causal`` ``[T, T]``) and over its own base's
+        later steps (``own_keys``/``own_values``: one ``[..., kv_heads, T, d]`` per step, key t for query t
+        only). What :meth:`attend` computes under the mask ``[causal, diagonal, ...]``, without a
+        ``T x T(k + 1)`` mask: the own steps' scores are one dot product per query."""
+        repeat, scale = self.heads // self.kv_heads, self.head_dim**-0.5
+        scores = (q @ keys.repeat_interleave(repeat, dim=-3).transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~causal, float("-inf"))
+        own_v = [v.repeat_interleave(repeat, dim=-3) for v in own_values]
+        own = [(q * k.repeat_interleave(repeat, dim=-3)).sum(-1, keepdim=True) * scale for k in own_keys]
+        weights = torch.softmax(torch.cat([scores, *own], dim=-1), dim=-1)
+        length = keys.shape[-2]
+        out = weights[..., :length] @ values.repeat_interleave(repeat, dim=-3)
+        for i, v in enumerate(own_v):
+            out = out + weights[..., length + i : length + i + 1] * v
+        return self.o_proj(out.to(q.dtype).transpose(-3, -2).flatten(-2))
+
 
 def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin ``[..., T, head_dim]`` of Llama's default rotary embedding at ``positions``."""
@@ -261,18 +281,18 @@ class Eagle3Head(nn.Module):
         shifted = torch.nn.functional.pad(tokens[:, 1:], (0, 1))
         positions = torch.arange(length, device=tokens.device)
         causal = positions[None, :] <= positions[:, None]  # [T(query), T(key)]
-        diagonal = torch.eye(length, dtype=torch.bool, device=tokens.device)
         states = self.fc(aux)
-        keys, values, outputs = [], [], []
+        own_keys, own_values, outputs = [], [], []
         for step in range(steps):
             embeds = self.embedding(torch.nn.functional.pad(shifted[:, step:], (0, step)))
             cos, sin = rotary(positions + step, config.head_dim, config.rope_theta, states.dtype)
             q, k, v = attention.project(self.midlayer.inputs(embeds, states), cos, sin)
-            keys.append(k)
-            values.append(v)
-            mask = torch.cat([causal] + [diagonal] * step, dim=1)  # step-0 keys causally, own steps on the diagonal
-            attended = attention.attend(q, torch.cat(keys, dim=-2), torch.cat(values, dim=-2), mask)
-            states = self.midlayer.finish(states, attended)
+            if step == 0:
+                keys, values = k, v
+            else:
+                own_keys.append(k)
+                own_values.append(v)
+            states = self.midlayer.finish(states, attention.attend_unrolled(q, keys, values, own_keys, own_values, causal))
             outputs.append(states)
         return outputs
 

@@ -27,16 +27,18 @@ def _own_embedding(draft: nn.Module) -> nn.Module:
     return draft.float()
 
 
-def kl_loss(draft: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over response positions of KL(target over the draft vocabulary || draft), and the draft's arg-max
-    (draft ids) ``[B, T]``."""
+def kl_loss(draft: nn.Module, batch: Batch, predict: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mean over response positions of KL(target over the draft vocabulary || draft); with ``predict``, also
+    the draft's arg-max (draft ids) ``[B, T]``."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=batch.tokens.device.type == "cpu" and bf16_matmuls()):
         hidden = draft.model(input_ids=batch.tokens, attention_mask=batch.attention).last_hidden_state[batch.mask]
         student = torch.log_softmax(draft.lm_head.subset_logits(hidden).float(), dim=-1)
     teacher = batch.target_log[batch.mask]
     kl = (teacher.exp() * (teacher - student)).sum(-1)
-    predicted = torch.zeros(batch.mask.shape, dtype=torch.long, device=batch.mask.device)
-    predicted[batch.mask] = student.argmax(-1)
+    predicted = None
+    if predict:
+        predicted = torch.zeros(batch.mask.shape, dtype=torch.long, device=batch.mask.device)
+        predicted[batch.mask] = student.argmax(-1)
     return kl.sum() / max(1, int(batch.mask.sum())), predicted
 
 
@@ -64,6 +66,6 @@ class StandaloneKind(DraftKind):
     def vocabulary(self, draft: nn.Module) -> torch.Tensor:
         return draft.lm_head.token_ids
 
-    def loss(self, draft: nn.Module, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        loss, predicted = kl_loss(draft, batch)
-        return loss, [predicted]
+    def loss(self, draft: nn.Module, batch: Batch, predict: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        loss, predicted = kl_loss(draft, batch, predict)
+        return loss, [predicted] if predict else []

@@ -17,23 +17,72 @@ from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from adaptive.precision import bf16_matmuls
 from lab.draft_training import Batch, DraftKind, aux_layers
 
+CHUNK_ROWS = 512
+"""Rows of logits the fused output layer and cross-entropy hold at once."""
 
-def unrolled_loss(head: Eagle3Head, tokens, aux, target_log, mask, ttt_steps: int, decay: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+
+class LinearSoftCrossEntropy(torch.autograd.Function):
+    """Σ over rows of the soft cross-entropy logsumexp(z) − p·z of the logits z = h Wᵀ against a distribution
+    p per row (Σ p = 1; float32), and (``predict``) the arg-max draft id of each row. The output layer and the loss run
+    together, ``CHUNK_ROWS`` rows at a time, and the gradients (softmax(z) − p, back through W) are taken in
+    the same pass: no ``[N, V]`` array is ever stored. Unfused, autograd stored several and a training step
+    spent most of its time allocating and filling them."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, teacher: torch.Tensor, predict: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        autocast = torch.is_autocast_enabled("cpu") and hidden.dtype == torch.float32
+        compute = torch.get_autocast_dtype("cpu") if autocast else hidden.dtype  # the matmuls' dtype, as autocast would pick
+        h, w = hidden.to(compute), weight.to(compute)
+        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if grads else None
+        grad_weight = torch.zeros(weight.shape, dtype=teacher.dtype, device=weight.device) if grads else None
+        total = torch.zeros((), dtype=teacher.dtype, device=hidden.device)
+        argmax = torch.empty(hidden.shape[0] if predict else 0, dtype=torch.long, device=hidden.device)
+        for start in range(0, hidden.shape[0], CHUNK_ROWS):
+            rows = slice(start, start + CHUNK_ROWS)
+            z = (h[rows] @ w.T).to(teacher.dtype)
+            lse = torch.logsumexp(z, dim=-1)
+            total += lse.sum() - torch.dot(teacher[rows].flatten(), z.flatten())
+            if predict:
+                argmax[rows] = z.argmax(-1)
+            if grads:
+                gradient = z.sub_(lse[:, None]).exp_().sub_(teacher[rows]).to(compute)
+                grad_hidden[rows] = gradient @ w
+                grad_weight += (gradient.T @ h[rows]).to(teacher.dtype)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(argmax)
+        return total, argmax
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _argmax) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad.to(grad_hidden.dtype), (grad_weight * grad).to(ctx.weight_dtype), None, None
+
+
+def unrolled_loss(
+    head: Eagle3Head, tokens, aux, target_log, mask, ttt_steps: int, decay: float, predict: bool = False
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Σ_k decay^k · soft cross-entropy at step k (base t learns the target's distribution at t + k + 1),
-    averaged over response positions; also each step's arg-max draft ids ``[B, T]``."""
+    averaged over response positions; with ``predict``, also each step's arg-max draft ids ``[B, T]``.
+
+    The target's rows are gathered and exponentiated once for all steps (step k reads the head's states
+    k + 1 rows earlier instead); the output layer and the cross-entropy are :class:`LinearSoftCrossEntropy`."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=aux.device.type == "cpu" and bf16_matmuls()):
         outputs = head.unrolled(tokens, aux, ttt_steps)
+        rows, columns = mask.nonzero(as_tuple=True)  # where the target's row predicts a response token
+        teacher = target_log[rows, columns].exp()
         total, predictions = 0.0, []
         for step, states in enumerate(outputs):
-            shift = step + 1
-            valid = torch.nn.functional.pad(mask[:, shift:], (0, shift), value=False)
-            logits = head.draft_logits(states[valid]).float()  # the output layer only where a loss is taken
-            teacher = target_log[:, shift:][valid[:, : valid.shape[1] - shift]]
-            ce = -(teacher.exp() * torch.log_softmax(logits, dim=-1)).sum(-1)
-            total = total + decay**step * ce.sum() / max(1, int(valid.sum()))
-            predicted = torch.zeros(valid.shape, dtype=torch.long, device=valid.device)
-            predicted[valid] = logits.argmax(-1)
-            predictions.append(predicted)
+            bases = columns - (step + 1)  # the base whose step-k draft predicts what that row predicts
+            reached = bases >= 0
+            hidden = head.norm(states[rows[reached], bases[reached]])
+            ce, argmax = LinearSoftCrossEntropy.apply(hidden, head.lm_head.weight, teacher if bool(reached.all()) else teacher[reached], predict)
+            total = total + decay**step * ce / max(1, int(reached.sum()))
+            if predict:
+                predicted = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+                predicted[rows[reached], bases[reached]] = argmax
+                predictions.append(predicted)
     return total, predictions
 
 
@@ -62,5 +111,5 @@ class Eagle3Kind(DraftKind):
     def vocabulary(self, draft: nn.Module) -> torch.Tensor:
         return draft.target_ids
 
-    def loss(self, draft: nn.Module, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return unrolled_loss(draft, batch.tokens, batch.aux, batch.target_log, batch.mask, self.ttt_steps, self.decay)
+    def loss(self, draft: nn.Module, batch: Batch, predict: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return unrolled_loss(draft, batch.tokens, batch.aux, batch.target_log, batch.mask, self.ttt_steps, self.decay, predict)

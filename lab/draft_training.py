@@ -118,9 +118,9 @@ class DraftKind(ABC):
         """The target ids of the draft vocabulary, in draft-id order."""
 
     @abstractmethod
-    def loss(self, draft: nn.Module, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The training loss on response positions, and per draft position k the draft's arg-max (draft ids)
-        ``[B, T]`` for the token at t + k + 1."""
+    def loss(self, draft: nn.Module, batch: Batch, predict: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The training loss on response positions; with ``predict``, also per draft position k the draft's
+        arg-max (draft ids) ``[B, T]`` for the token at t + k + 1 (none otherwise)."""
 
 
 def read_shards(folder: Path) -> list[Sequence]:
@@ -225,7 +225,7 @@ def heldout_accuracy(
     for start in range(0, len(sequences), config.batch_size):
         chunk = sequences[start : start + config.batch_size]
         batch = features.batch(chunk, config.max_length, pad, full_argmax=True)
-        loss, predictions = kind.loss(draft, batch)
+        loss, predictions = kind.loss(draft, batch, predict=True)
         losses.append(float(loss))
         run = torch.ones_like(batch.mask)
         for step, predicted in enumerate(predictions):

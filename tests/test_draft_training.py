@@ -15,7 +15,7 @@ from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.draft_model import build_draft, load_draft
 from adaptive.eagle3 import load_head
 from lab.distill import StandaloneKind, kl_loss
-from lab.distill_eagle3 import Eagle3Kind
+from lab.distill_eagle3 import Eagle3Kind, unrolled_loss
 from lab.draft_training import (
     Batch,
     Sequence,
@@ -90,8 +90,40 @@ def test_the_standalone_loss_is_zero_for_a_draft_equal_to_the_target(target):
         torch.zeros(1, 5, 96),
         draft_log_probs(final, target.get_output_embeddings().weight),
     )
-    loss, predicted = kl_loss(full, batch)
+    loss, predicted = kl_loss(full, batch, predict=True)
     assert loss.item() < 1e-9 and predicted.shape == tokens.shape
+
+
+def test_the_heads_loss_is_the_soft_cross_entropy_of_every_unrolled_step(deep_target):
+    """The loss (the output layer fused with logsumexp − p·z, gradients taken in the same pass) equals each
+    step's soft cross-entropy computed directly, a log-softmax per drafted position, and so do its gradients;
+    a prompt of one token leaves the first rows without a base for the later steps."""
+    kind = Eagle3Kind(ttt_steps=4, decay=0.7)
+    head = kind.build(deep_target, torch.arange(3, 13)).double()
+    torch.manual_seed(2)
+    tokens = torch.randint(0, 16, (3, 9))
+    mask = torch.zeros(3, 9, dtype=torch.bool)
+    mask[0, 0:8], mask[1, 3:6], mask[2, 5:8] = True, True, True
+    aux = torch.randn(3, 9, 3 * head.config.hidden_size, dtype=torch.float64)
+    target_log = torch.log_softmax(torch.randn(3, 9, 10, dtype=torch.float64), dim=-1)
+    loss, predictions = unrolled_loss(head, tokens, aux, target_log, mask, 4, 0.7, predict=True)
+    expected = 0.0
+    for step, states in enumerate(head.unrolled(tokens, aux, 4)):
+        terms, hits = [], 0
+        for b, j in mask.nonzero().tolist():
+            base = j - step - 1
+            if base >= 0:
+                logits = head.draft_logits(states[b, base])
+                terms.append(-(target_log[b, j].exp() * torch.log_softmax(logits, dim=-1)).sum())
+                hits += int(predictions[step][b, base] == logits.argmax())
+        expected = expected + 0.7**step * torch.stack(terms).mean()
+        assert hits == len(terms)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    fused = torch.autograd.grad(loss, list(head.parameters()), allow_unused=True)
+    direct = torch.autograd.grad(expected, list(head.parameters()), allow_unused=True)
+    for (name, _), a, b in zip(head.named_parameters(), fused, direct, strict=True):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-9, atol=1e-12)), name
+    assert unrolled_loss(head, tokens, aux, target_log, mask, 4, 0.7)[1] == []  # no arg-max unless asked
 
 
 @pytest.mark.parametrize("kind", [Eagle3Kind(ttt_steps=3), StandaloneKind(num_layers=1)], ids=["eagle3", "standalone"])
