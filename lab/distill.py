@@ -16,7 +16,7 @@ from torch import nn
 
 from adaptive.draft_model import build_draft, load_draft, save_draft
 from adaptive.precision import bf16_matmuls
-from lab.draft_training import Batch, DraftKind
+from lab.draft_training import Batch, DraftKind, LinearSoftCrossEntropy
 
 
 def _own_embedding(draft: nn.Module) -> nn.Module:
@@ -28,18 +28,20 @@ def _own_embedding(draft: nn.Module) -> nn.Module:
 
 
 def kl_loss(draft: nn.Module, batch: Batch, predict: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Mean over response positions of KL(target over the draft vocabulary || draft); with ``predict``, also
-    the draft's arg-max (draft ids) ``[B, T]``."""
+    """Mean over response positions of KL(target over the draft vocabulary || draft) — the cross-entropy
+    (:class:`~lab.draft_training.LinearSoftCrossEntropy`, fused with the output layer) less the target's
+    entropy; with ``predict``, also the draft's arg-max (draft ids) ``[B, T]``."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=batch.tokens.device.type == "cpu" and bf16_matmuls()):
         hidden = draft.model(input_ids=batch.tokens, attention_mask=batch.attention).last_hidden_state[batch.mask]
-        student = torch.log_softmax(draft.lm_head.subset_logits(hidden).float(), dim=-1)
-    teacher = batch.target_log[batch.mask]
-    kl = (teacher.exp() * (teacher - student)).sum(-1)
+        teacher = batch.target_log[batch.mask]
+        probabilities = teacher.exp()
+        cross_entropy, argmax = LinearSoftCrossEntropy.apply(hidden, draft.lm_head.weight, probabilities, predict)
+    entropy = -torch.dot(probabilities.flatten(), teacher.flatten())
     predicted = None
     if predict:
         predicted = torch.zeros(batch.mask.shape, dtype=torch.long, device=batch.mask.device)
-        predicted[batch.mask] = student.argmax(-1)
-    return kl.sum() / max(1, int(batch.mask.sum())), predicted
+        predicted[batch.mask] = argmax
+    return (cross_entropy - entropy) / max(1, int(batch.mask.sum())), predicted
 
 
 class StandaloneKind(DraftKind):

@@ -15,49 +15,7 @@ from torch import nn
 
 from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from adaptive.precision import bf16_matmuls
-from lab.draft_training import Batch, DraftKind, aux_layers
-
-CHUNK_ROWS = 512
-"""Rows of logits the fused output layer and cross-entropy hold at once."""
-
-
-class LinearSoftCrossEntropy(torch.autograd.Function):
-    """Σ over rows of the soft cross-entropy logsumexp(z) − p·z of the logits z = h Wᵀ against a distribution
-    p per row (Σ p = 1; float32), and (``predict``) the arg-max draft id of each row. The output layer and the loss run
-    together, ``CHUNK_ROWS`` rows at a time, and the gradients (softmax(z) − p, back through W) are taken in
-    the same pass: no ``[N, V]`` array is ever stored. Unfused, autograd stored several and a training step
-    spent most of its time allocating and filling them."""
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, teacher: torch.Tensor, predict: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        autocast = torch.is_autocast_enabled("cpu") and hidden.dtype == torch.float32
-        compute = torch.get_autocast_dtype("cpu") if autocast else hidden.dtype  # the matmuls' dtype, as autocast would pick
-        h, w = hidden.to(compute), weight.to(compute)
-        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if grads else None
-        grad_weight = torch.zeros(weight.shape, dtype=teacher.dtype, device=weight.device) if grads else None
-        total = torch.zeros((), dtype=teacher.dtype, device=hidden.device)
-        argmax = torch.empty(hidden.shape[0] if predict else 0, dtype=torch.long, device=hidden.device)
-        for start in range(0, hidden.shape[0], CHUNK_ROWS):
-            rows = slice(start, start + CHUNK_ROWS)
-            z = (h[rows] @ w.T).to(teacher.dtype)
-            lse = torch.logsumexp(z, dim=-1)
-            total += lse.sum() - torch.dot(teacher[rows].flatten(), z.flatten())
-            if predict:
-                argmax[rows] = z.argmax(-1)
-            if grads:
-                gradient = z.sub_(lse[:, None]).exp_().sub_(teacher[rows]).to(compute)
-                grad_hidden[rows] = gradient @ w
-                grad_weight += (gradient.T @ h[rows]).to(teacher.dtype)
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
-        ctx.mark_non_differentiable(argmax)
-        return total, argmax
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor, _argmax) -> tuple[torch.Tensor, torch.Tensor, None, None]:
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad.to(grad_hidden.dtype), (grad_weight * grad).to(ctx.weight_dtype), None, None
+from lab.draft_training import Batch, DraftKind, LinearSoftCrossEntropy, aux_layers
 
 
 def unrolled_loss(

@@ -88,7 +88,7 @@ def test_the_standalone_loss_is_zero_for_a_draft_equal_to_the_target(target):
         torch.ones_like(tokens),
         torch.tensor([[False, True, True, True, False]]),
         torch.zeros(1, 5, 96),
-        draft_log_probs(final, target.get_output_embeddings().weight),
+        draft_log_probs(final, target.get_output_embeddings().weight).double(),  # the teacher's dtype is the loss's
     )
     loss, predicted = kl_loss(full, batch, predict=True)
     assert loss.item() < 1e-9 and predicted.shape == tokens.shape
