@@ -4,10 +4,13 @@ forward, and every request stays exact on its own.
 A round, for the requests in the batch: a :class:`~adaptive.policy.BatchPolicy` picks one depth d for all
 of them (why one: on this hardware a padded forward costs what its widest row costs, so a shallower row
 saves nothing; vLLM and SmartSpec choose per batch too); each request drafts d tokens (d batched draft
-forwards), then one target forward verifies every request's d tokens; each request accepts with its own
+forwards; a request its draft cannot draft for yet — an EAGLE-3 head after a one-token prompt — drafts
+none), then one target forward verifies every request's drafted tokens; each request accepts with its own
 rule — min(1, p/q) with the residual norm(max(p − q, 0)) on rejection, or arg-max agreement when greedy —
 with its own random generator, emits, and rolls its own rows of both caches back
-(:class:`~adaptive.batched_model.BatchedCachedModel`). d = 0 is a plain batched decoding step.
+(:class:`~adaptive.batched_model.BatchedCachedModel`, or for an EAGLE-3 head
+:class:`~adaptive.batched_head.BatchedHeadSession`, which reads the target's hidden states from the
+verification forward itself). d = 0 is a plain batched decoding step.
 
 Requests join (prefilled together, then spliced into the batch) and leave (EOS or budget) between rounds:
 continuous batching at round boundaries, at most ``max_batch`` at a time, first come first served.
@@ -25,7 +28,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from adaptive.batched_head import BatchedHeadSession
 from adaptive.batched_model import BatchedCachedModel
+from adaptive.drafts import target_taps
+from adaptive.eagle3 import Eagle3Head
 from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, BatchPolicy, BatchState
@@ -110,11 +116,12 @@ class RequestResult:
 
 
 class BatchedSpeculativeDecoder:
-    """Continuous-batching speculative decoder over a target and a standalone draft model.
+    """Continuous-batching speculative decoder over a target and a standalone draft model or an EAGLE-3 head.
 
     Args:
         target: the model whose output distribution each request keeps.
-        draft: a cheaper transformers causal LM with the same vocabulary.
+        draft: a cheaper transformers causal LM with the same vocabulary, or an
+            :class:`~adaptive.eagle3.Eagle3Head` for the target.
         policy: picks each round's depth for the whole batch (:mod:`policies.batch`).
         sampling: applied identically to target and draft; default greedy.
         tokenizer: optional; enables text prompts and text output.
@@ -131,7 +138,7 @@ class BatchedSpeculativeDecoder:
     def __init__(
         self,
         target: PreTrainedModel,
-        draft: PreTrainedModel,
+        draft: PreTrainedModel | Eagle3Head,
         policy: BatchPolicy,
         sampling: SamplingConfig = GREEDY,
         *,
@@ -141,14 +148,17 @@ class BatchedSpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         correction: CorrectionRule = residual_correction,
     ) -> None:
-        if not isinstance(draft, PreTrainedModel):
-            raise ValueError(f"batched decoding drafts with a standalone draft model (a transformers causal LM), got {type(draft).__name__}")
+        if not isinstance(draft, PreTrainedModel | Eagle3Head):
+            raise ValueError(
+                f"batched decoding drafts with a standalone draft model (a transformers causal LM) or an EAGLE-3 head, got {type(draft).__name__}"
+            )
         check_compatible(target, draft, tokenizer, None)
         if max_depth < 0 or max_batch < 1:
             raise ValueError(f"max_depth must be >= 0 and max_batch >= 1, got {max_depth} and {max_batch}")
         if not isinstance(policy, BatchPolicy):
             raise TypeError(f"policy must implement BatchPolicy (depth(state) -> int), got {policy!r}")
-        self.target, self.draft = BatchedCachedModel(target), BatchedCachedModel(draft)
+        self.target = BatchedCachedModel(target, taps=target_taps(draft))
+        self.draft = BatchedHeadSession(draft, self.target) if isinstance(draft, Eagle3Head) else BatchedCachedModel(draft)
         self.policy, self.sampling, self.tokenizer = policy, sampling, tokenizer
         self.max_depth, self.max_batch = max_depth, max_batch
         self.eos = eos_token_ids(target, eos_token_id)
@@ -211,14 +221,14 @@ class BatchedSpeculativeDecoder:
         logits = self.target.forward([r.tokens[self.target.lengths[b] :] + drafted[b] for b, r in enumerate(self.batch)])
         accepted, emitted = [], []
         for b, request in enumerate(self.batch):
-            verdict = self._verify(request, logits[b][-(depth + 1) :], drafted[b], q_rows[b] if q_rows else None)
+            verdict = self._verify(request, logits[b][-(len(drafted[b]) + 1) :], drafted[b], q_rows[b] if q_rows else None)
             count = verdict.accepted
             new = request.output.emit(drafted[b][:count] + [verdict.next_token])
             request.tokens.extend(new)
             self.target.rollback(b, contexts[b] + count)
             self.draft.rollback(b, min(self.draft.lengths[b], contexts[b] + count))
             request.accepted.append(count)
-            request.drafted.append(depth)
+            request.drafted.append(len(drafted[b]))
             accepted.append(count)
             emitted.append(len(new))
         now = clock()
@@ -241,26 +251,29 @@ class BatchedSpeculativeDecoder:
         return self.clock() - t0
 
     def _draft(self, depth: int) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
-        """``depth`` tokens per request, all requests in one draft forward per step; with sampling also the
-        draft distributions q they were drawn from."""
+        """``depth`` tokens per request the draft can draft for (none for the others), all requests in one
+        draft forward per step; with sampling also the draft distributions q they were drawn from."""
         drafted: list[list[int]] = [[] for _ in self.batch]
         q_rows: list[list[torch.Tensor]] = [[] for _ in self.batch] if not self.sampling.is_greedy else []
-        if depth == 0:
+        drafting = [b for b, r in enumerate(self.batch) if self.draft.can_draft(len(r.tokens))]
+        if depth == 0 or not drafting:
             return drafted, q_rows
-        feeds = [r.tokens[self.draft.lengths[b] :] for b, r in enumerate(self.batch)]
-        for step in range(depth):
-            rows = torch.stack([out[-1] for out in self.draft.forward(feeds)])
+        feeds = [r.tokens[self.draft.lengths[b] :] if b in drafting else [] for b, r in enumerate(self.batch)]
+        for _ in range(depth):
+            outputs = self.draft.forward(feeds)
+            rows = torch.stack([outputs[b][-1] for b in drafting])
             if self.sampling.is_greedy:
                 check_logits(rows)
                 tokens = rows.argmax(dim=-1).tolist()
             else:
                 q = sampling_distribution(rows, self.sampling)
-                tokens = [int(sample(q[b], request.generator)) for b, request in enumerate(self.batch)]
-                for b in range(len(self.batch)):
-                    q_rows[b].append(q[b])
-            for b, token in enumerate(tokens):
+                tokens = [int(sample(q[i], self.batch[b].generator)) for i, b in enumerate(drafting)]
+                for i, b in enumerate(drafting):
+                    q_rows[b].append(q[i])
+            feeds = [[] for _ in self.batch]
+            for b, token in zip(drafting, tokens):
                 drafted[b].append(token)
-            feeds = [[token] for token in tokens] if step < depth - 1 else feeds
+                feeds[b] = [token]
         return drafted, q_rows
 
     def _verify(self, request: Request, target_logits: torch.Tensor, drafted: list[int], q_rows: list[torch.Tensor] | None) -> BlockVerdict:

@@ -10,6 +10,10 @@ forwards.
 
 Positions count a row's own entries, so a row sees exactly what the same sequence decoded alone would see:
 the same tokens at the same positions, nothing else.
+
+With ``taps`` (as :class:`~adaptive.cached_model.CachedModel` takes them) each row also keeps the hidden
+states entering those layers at each of its positions, :attr:`BatchedCachedModel.tapped` (what a batched
+EAGLE-3 head reads), rolled back with the row.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ COMPACT_SLACK = 64
 class BatchedCachedModel:
     """A transformers causal LM and one batched KV cache; rows are addressed by their index (0..rows-1)."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> None:
         self.model = model
+        self.taps = taps
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
         self.cache_keyword = cache_keyword(model)
@@ -38,6 +43,8 @@ class BatchedCachedModel:
         """``[rows, columns]``: which cache columns hold each row's entries."""
         self.lengths: list[int] = []
         """Entries per row (its sequence length so far)."""
+        self.tapped: list[torch.Tensor] = []
+        """With taps: per row, the tapped states of its positions ``[length, k·H]``."""
 
     @property
     def rows(self) -> int:
@@ -47,12 +54,17 @@ class BatchedCachedModel:
     def columns(self) -> int:
         return int(self.valid.shape[1])
 
+    def can_draft(self, confirmed: int) -> bool:
+        """As a standalone draft: it can propose after any context."""
+        return True
+
     def add_rows(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """New last rows holding ``token_ids[i]`` each, prefilled together (apart from the rows already here,
         then spliced in); returns each one's logits ``[n_i, V]``."""
-        newcomers = BatchedCachedModel(self.model)
+        newcomers = BatchedCachedModel(self.model, self.taps)
         newcomers.valid = torch.zeros(len(token_ids), 0, dtype=torch.bool, device=self.device)
         newcomers.lengths = [0] * len(token_ids)
+        newcomers.tapped = [self._no_taps() for _ in token_ids] if self.taps else []
         logits = newcomers.forward(token_ids)
         self._append(newcomers)
         return logits
@@ -71,6 +83,7 @@ class BatchedCachedModel:
             _store(mine, torch.cat((old[0], new[0])), torch.cat((old[1], new[1])))
         self.valid = torch.cat((self.valid.reshape(self.rows, width), other.valid.reshape(other.rows, width)))
         self.lengths += other.lengths
+        self.tapped += other.tapped
 
     def remove_rows(self, rows: Sequence[int]) -> None:
         """Drop ``rows``; the others keep their order (and are renumbered 0..)."""
@@ -81,6 +94,7 @@ class BatchedCachedModel:
                 _store(layer, layer.keys.index_select(0, index), layer.values.index_select(0, index))
         self.valid = self.valid.index_select(0, index)
         self.lengths = [self.lengths[r] for r in keep]
+        self.tapped = [self.tapped[r] for r in keep] if self.taps else []
         if not keep:
             self.cache = DynamicCache(config=self.model.config)
             self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
@@ -102,10 +116,14 @@ class BatchedCachedModel:
             attention_mask=self._mask(new),
             position_ids=positions,
             use_cache=True,
+            output_hidden_states=bool(self.taps),
             **{self.cache_keyword: self.cache},
         )
         self.valid = torch.cat((self.valid, new), dim=1)
         self.lengths = [length + len(f) for length, f in zip(self.lengths, feeds)]
+        if self.taps:
+            states = torch.cat([output.hidden_states[i] for i in self.taps], dim=-1)
+            self.tapped = [torch.cat((kept, states[b, : len(f)])) for b, (kept, f) in enumerate(zip(self.tapped, feeds))]
         return [output.logits[b, : len(f)] for b, f in enumerate(feeds)]
 
     def rollback(self, row: int, length: int) -> None:
@@ -117,6 +135,8 @@ class BatchedCachedModel:
             keep[row] = self.valid[row].cumsum(0) <= length
             self.valid = self.valid & keep
             self.lengths[row] = length
+            if self.taps:
+                self.tapped[row] = self.tapped[row][:length]
             if self.columns > max(2 * max(self.lengths), max(self.lengths) + COMPACT_SLACK):
                 self.compact()
 
@@ -130,6 +150,10 @@ class BatchedCachedModel:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             _store(layer, layer.keys.gather(2, index), layer.values.gather(2, index))
         self.valid = torch.arange(width, device=self.device)[None, :] < torch.tensor(self.lengths, device=self.device)[:, None]
+
+    def _no_taps(self) -> torch.Tensor:
+        """A new row's tapped states: none yet."""
+        return torch.empty(0, len(self.taps or ()) * self.model.config.hidden_size, dtype=self.dtype, device=self.device)
 
     def _widen(self, width: int) -> None:
         """At least ``width`` columns in every row (new ones are holes)."""

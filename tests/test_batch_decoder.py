@@ -11,8 +11,11 @@ from test_decoder_exactness import deviation_statistics, exact_two_token_distrib
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
 from adaptive.batch_profile import BatchCostProfile
+from adaptive.batched_head import BatchedHeadSession
 from adaptive.batched_model import BatchedCachedModel
+from adaptive.cached_model import CachedModel
 from adaptive.decoder import generate_plain
+from adaptive.drafts import HeadSession, target_taps
 from adaptive.policy import BatchState
 from adaptive.profiling import profile_batches
 from adaptive.sampling import SamplingConfig
@@ -63,11 +66,67 @@ def test_batched_cache_rows_equal_one_sequence_at_a_time(target):
     assert worst < 1e-10
 
 
+def test_batched_head_rows_equal_one_sequence_at_a_time(target, eagle_head):
+    """Rows joining, leaving, rolled back, drafting from their own states: every row's head logits equal
+    those of a single-sequence head session fed the same tokens against the same target states."""
+    rng = random.Random(1)
+    taps = target_taps(eagle_head)
+    batched_target = BatchedCachedModel(target, taps)
+    batched = BatchedHeadSession(eagle_head, batched_target)
+    alone: list[tuple[CachedModel, HeadSession]] = []
+
+    def single(tokens: list[int]) -> tuple[CachedModel, HeadSession]:
+        reading = CachedModel(target, taps=taps)
+        session = HeadSession(eagle_head, reading)
+        if tokens:
+            reading.forward(tokens)
+            session.forward(tokens)
+        return reading, session
+
+    worst, drafted_rows = 0.0, 0
+    for _ in range(200):
+        action = rng.random()
+        if action < 0.1 or len(alone) < 3:
+            joining = [[rng.randrange(16) for _ in range(rng.randrange(1, 6))] for _ in range(rng.randrange(1, 3))]
+            batched_target.add_rows(joining)
+            batched.add_rows(joining)
+            alone += [single(tokens) for tokens in joining]
+        elif action < 0.13:
+            gone = rng.randrange(len(alone))
+            batched_target.remove_rows([gone])
+            batched.remove_rows([gone])
+            alone.pop(gone)
+        elif action < 0.35:  # verification: the target reads confirmed tokens, the head rolls back
+            row = rng.randrange(len(alone))
+            reading, session = alone[row]
+            extra = [rng.randrange(16) for _ in range(rng.randrange(0, 3))]
+            batched_target.forward([extra if b == row else [] for b in range(len(alone))])
+            if extra:
+                reading.forward(extra)
+            keep = rng.randrange(min(session.length, reading.length) + 1)
+            batched.rollback(row, keep)
+            session.rollback(keep)
+        else:  # every row feeds what its target has read, or drafts one token from its own state
+            feeds = []
+            for reading, session in alone:
+                behind = max(0, reading.length - session.length)
+                feeds.append([rng.randrange(16) for _ in range(behind or 1)])
+            for logits, (_, session), fed in zip(batched.forward(feeds), alone, feeds):
+                expected = session.forward(fed)
+                finite = torch.isfinite(expected)
+                assert torch.equal(finite, torch.isfinite(logits))
+                worst = max(worst, float((logits[finite] - expected[finite]).abs().max()))
+                drafted_rows += session.first_own is not None
+        assert batched.lengths == [session.length for _, session in alone]
+    assert worst < 1e-10 and drafted_rows > 50
+
+
 @pytest.mark.parametrize("spec", ["plain", "static:1", "static:4", "schedule:1-2=5,3-3=2"])
-@pytest.mark.parametrize("draft_name", ["near_draft", "far_draft"])
+@pytest.mark.parametrize("draft_name", ["near_draft", "far_draft", "eagle_head"])
 def test_every_request_of_a_changing_batch_is_greedy_identical(spec, draft_name, target, request):
     """Seven prompts of different lengths, three at a time: requests join and leave between rounds, each
-    output equals plain greedy decoding of that prompt alone."""
+    output equals plain greedy decoding of that prompt alone (a head drafts nothing for a one-token prompt's
+    first round)."""
     decoder = BatchedSpeculativeDecoder(target, request.getfixturevalue(draft_name), make_batch_policy(spec), max_depth=6, max_batch=3)
     results = decoder.generate(PROMPTS, max_new_tokens=30)
     for prompt, result in zip(PROMPTS, results):
@@ -82,14 +141,20 @@ N_SAMPLES = 20_000
 EXACTNESS_PROMPTS = ([3], [5, 9])
 
 
-@pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
-def test_each_request_of_a_batch_samples_the_target_distribution(target, far_draft, correction):
+@pytest.mark.parametrize(
+    "correction, draft_name",
+    [(residual_correction, "far_draft"), (naive_correction, "far_draft"), (residual_correction, "eagle_head")],
+    ids=["residual", "naive", "residual-head"],
+)
+def test_each_request_of_a_batch_samples_the_target_distribution(target, correction, draft_name, request):
     """40,000 requests, two prompts taking turns in batches of 64, T = 1, top-k 12, static:2: each prompt's
     first two tokens follow the target's enumerated distribution within 5σ per outcome and on Pearson's
     statistic (tolerance derived from n as in test_decoder_exactness); the naive "resample from p" rule in
-    the same decoder is detected."""
+    the same decoder is detected. With an EAGLE-3 head too (the one-token prompt's second token is drafted
+    from the target's state of the first)."""
     sampling = SamplingConfig(1.0, top_k=12)
-    decoder = BatchedSpeculativeDecoder(target, far_draft, FixedBatchDepth(2), sampling, max_depth=2, max_batch=64, correction=correction)
+    draft = request.getfixturevalue(draft_name)
+    decoder = BatchedSpeculativeDecoder(target, draft, FixedBatchDepth(2), sampling, max_depth=2, max_batch=64, correction=correction)
     prompts = [p for _ in range(N_SAMPLES) for p in EXACTNESS_PROMPTS]
     results = decoder.generate(prompts, max_new_tokens=2, seeds=range(len(prompts)))
     for k, prompt in enumerate(EXACTNESS_PROMPTS):
@@ -121,7 +186,7 @@ def test_batch_policies_and_bad_settings_are_named(target, near_draft):
     for spec, message in (("static:x", "unknown batch policy"), ("schedule:1-2", "LOW-HIGH=DEPTH"), ("schedule:3-1=2", "LOW <= HIGH")):
         with pytest.raises(ValueError, match=message):
             make_batch_policy(spec)
-    with pytest.raises(ValueError, match="standalone draft model"):
+    with pytest.raises(ValueError, match="standalone draft model .* or an EAGLE-3 head"):
         BatchedSpeculativeDecoder(target, object(), FixedBatchDepth(1))
     with pytest.raises(ValueError, match="max_batch"):
         BatchedSpeculativeDecoder(target, near_draft, FixedBatchDepth(1), max_batch=0)
