@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from adaptive.batched_head import BatchedHeadSession
-from adaptive.batched_model import BatchedCachedModel
-from adaptive.drafts import target_taps
+from adaptive.batched_head import batched_sessions
 from adaptive.eagle3 import Eagle3Head
 from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.pair import check_compatible
@@ -157,8 +155,7 @@ class BatchedSpeculativeDecoder:
             raise ValueError(f"max_depth must be >= 0 and max_batch >= 1, got {max_depth} and {max_batch}")
         if not isinstance(policy, BatchPolicy):
             raise TypeError(f"policy must implement BatchPolicy (depth(state) -> int), got {policy!r}")
-        self.target = BatchedCachedModel(target, taps=target_taps(draft))
-        self.draft = BatchedHeadSession(draft, self.target) if isinstance(draft, Eagle3Head) else BatchedCachedModel(draft)
+        self.target, self.draft = batched_sessions(target, draft)
         self.policy, self.sampling, self.tokenizer = policy, sampling, tokenizer
         self.max_depth, self.max_batch = max_depth, max_batch
         self.eos = eos_token_ids(target, eos_token_id)

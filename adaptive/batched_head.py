@@ -18,9 +18,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from adaptive.batched_model import BatchedCachedModel
+from adaptive.drafts import target_taps
 from adaptive.eagle3 import Eagle3Head, rotary
+
+
+def batched_sessions(target: nn.Module, draft: nn.Module) -> tuple[BatchedCachedModel, BatchedCachedModel | BatchedHeadSession]:
+    """The batched target session (keeping the hidden states a head reads) and the draft's batched session."""
+    reading = BatchedCachedModel(target, taps=target_taps(draft))
+    return reading, BatchedHeadSession(draft, reading) if isinstance(draft, Eagle3Head) else BatchedCachedModel(draft)
 
 
 class BatchedHeadSession:

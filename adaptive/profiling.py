@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
 from adaptive.batch_profile import FORMAT as BATCH_PROFILE_FORMAT
-from adaptive.batched_model import BatchedCachedModel
+from adaptive.batched_head import batched_sessions
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
@@ -171,7 +171,7 @@ def profile_batches(
 ) -> dict:
     """Batched costs on this machine, as the batched decoder pays them, every row at about ``context``
     cached tokens: forwards (:class:`~adaptive.batched_model.BatchedCachedModel`) of the target fed n =
-    1..``max_tokens`` tokens per row and of the draft fed one, and whole decoder rounds
+    1..``max_tokens`` tokens per row and of the draft fed one (a drafting step past the first), and whole decoder rounds
     (:class:`~adaptive.batch_decoder.BatchedSpeculativeDecoder` drafting d = 0..``max_tokens`` − 1 tokens per
     request: the forwards plus its per-request work), for each batch size. Returns the JSON document
     :class:`~adaptive.batch_profile.BatchCostProfile` reads. Sweeps interleave every point, as
@@ -184,10 +184,9 @@ def profile_batches(
     with tqdm(total=len(batch_sizes) * (repetitions + 1), desc="batch profile", unit="sweep") as progress:
         for batch in batch_sizes:
             prompts = [torch.randint(0, vocab, (context,), generator=generator).tolist() for _ in range(batch)]
-            models = {}
-            for name, model in (("target", target), ("draft", draft)):
-                models[name] = BatchedCachedModel(model)
-                models[name].add_rows(prompts)
+            models = dict(zip(("target", "draft"), batched_sessions(target, draft)))
+            for session in models.values():
+                session.add_rows(prompts)
             decoders = []
             for depth in range(max_tokens):
                 decoder = BatchedSpeculativeDecoder(target, draft, _Fixed(depth), max_depth=depth, max_batch=batch, eos_token_id=[])
@@ -201,6 +200,8 @@ def profile_batches(
             for sweep in range(repetitions + 1):
                 for index, (name, n) in enumerate(points):
                     model = models[name]
+                    if name == "draft":  # a drafting step past the first (a head's reads its own state, not the target's)
+                        model.forward([row[:1] for row in feeds])
                     start = clock()
                     model.forward([row[:n] for row in feeds])
                     seconds = clock() - start

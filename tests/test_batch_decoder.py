@@ -227,8 +227,9 @@ def test_the_cost_model_drafts_less_as_verification_gets_dearer_with_the_batch()
         make_batch_policy("goodput")
 
 
-def test_the_batched_profile_times_the_decoders_own_forwards(target, near_draft):
-    document = profile_batches(target, near_draft, batch_sizes=(1, 3), max_tokens=3, context=16, repetitions=2)
+@pytest.mark.parametrize("draft_name", ["near_draft", "eagle_head"])
+def test_the_batched_profile_times_the_decoders_own_forwards(target, draft_name, request):
+    document = profile_batches(target, request.getfixturevalue(draft_name), batch_sizes=(1, 3), max_tokens=3, context=16, repetitions=2)
     profile = BatchCostProfile.from_dict(document)
     assert profile.batch_sizes == (1, 3) and profile.max_depth == 2 and profile.rounds_ms is not None
     assert all(profile.target(b, n) > 0 for b in (1, 2, 3) for n in (1, 2, 3)) and profile.draft(2) > 0

@@ -179,6 +179,20 @@ def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folder
     assert bad.returncode == 2 and "unknown batch policy 'fast'" in bad.stderr
 
 
+def test_a_load_test_and_a_batched_profile_run_with_an_eagle3_head(model_folders, tmp_path):
+    """``--draft HEAD_DIR`` under load: the batched decoder drafts with the head, every greedy request as plain."""
+    import json
+
+    pair = ("--target", model_folders["target"], "--draft", model_folders["head"])
+    settings = ("--batches", "1,2", "--max-verify", "3", "--reference-context", "8", "--repetitions", "1")
+    measured = run("profile", *pair, *settings, "--out", str(tmp_path / "b.json"))
+    assert measured.returncode == 0, measured.stderr
+    result = run("loadtest", *pair, "--policy", "static:2", "--concurrency", "2", "--requests", "4", "--max-new-tokens", "10", "--out", str(tmp_path / "l"))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "l" / "result.json").read_text())["loads"]["concurrency 2"]["summary"]
+    assert summary["static:2"]["divergent_requests"] == 0 and summary["static:2"]["all"]["requests"] == 4
+
+
 def test_a_batched_profile_feeds_the_load_aware_baselines(model_folders, tmp_path):
     pair = ("--target", model_folders["target"], "--draft", model_folders["draft"])
     profile = tmp_path / "batch.json"
