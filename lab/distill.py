@@ -65,6 +65,15 @@ class StandaloneKind(DraftKind):
     def save(self, draft: nn.Module, folder: Path, metadata: dict) -> None:
         save_draft(draft, folder, {key: str(value) for key, value in metadata.items()})
 
+    def describe(self, draft: nn.Module) -> str:
+        return (
+            f"A standalone draft model (`adaptive.draft_model`): {draft.config.num_hidden_layers} Llama layers "
+            f"{'from the draft in ' + str(self.init) if self.init else 'initialised from the target' + chr(39) + 's first'}, "
+            f"an output head over {len(draft.lm_head.token_ids):,} of the target's tokens, the target's input embedding (not stored). "
+            "Loss: KL(target distribution over the draft vocabulary, renormalised || draft) per response position. "
+            "Load it with `adaptive.draft_model.load_draft(FOLDER, target)` or `--draft FOLDER`."
+        )
+
     def vocabulary(self, draft: nn.Module) -> torch.Tensor:
         return draft.lm_head.token_ids
 

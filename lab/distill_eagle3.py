@@ -66,6 +66,18 @@ class Eagle3Kind(DraftKind):
     def save(self, draft: nn.Module, folder: Path, metadata: dict) -> None:
         save_head(draft, folder, metadata)
 
+    def describe(self, draft: nn.Module) -> str:
+        config = draft.config
+        return (
+            f"An EAGLE-3 draft head (`adaptive.eagle3`, public EAGLE-3 layout: `config.json`, `model.safetensors` with `d2t`/`t2d`): "
+            f"the target's hidden states entering layers {', '.join(map(str, config.layer_ids))} fused {3 * config.hidden_size}→{config.hidden_size}, "
+            f"one decoder layer over [normed token embedding ; normed fused state], a final norm and an output head over "
+            f"{config.draft_vocab_size:,} of the target's {config.vocab_size:,} tokens; the token embedding is the target's (not stored). "
+            f"Trained with the training-time test: {self.ttt_steps} unrolled draft steps at every position, step k weighted {self.decay}^k, "
+            "loss the soft cross-entropy against the target's distribution over the draft vocabulary. "
+            "Load it with `adaptive.eagle3.load_head(FOLDER, target)` or `--draft FOLDER`."
+        )
+
     def vocabulary(self, draft: nn.Module) -> torch.Tensor:
         return draft.target_ids
 

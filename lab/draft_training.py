@@ -37,6 +37,7 @@ from torch import nn
 from tqdm import tqdm
 
 from adaptive.eagle3 import default_layer_ids
+from lab.draft_card import data_summary, model_card
 from lab.feature_cache import FeatureCache, cache_folder
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,10 @@ class DraftKind(ABC):
     @abstractmethod
     def save(self, draft: nn.Module, folder: Path, metadata: dict) -> None:
         """Write the draft in its public layout."""
+
+    @abstractmethod
+    def describe(self, draft: nn.Module) -> str:
+        """A paragraph for the model card: what the draft is."""
 
     @abstractmethod
     def vocabulary(self, draft: nn.Module) -> torch.Tensor:
@@ -341,7 +346,7 @@ def train_draft(
         log.info("resuming at step %d", state["step"])
     elif (out / "state.json").is_file():  # the run's committed files, e.g. from another machine
         state = json.loads((out / "state.json").read_text())
-        state["rewarm_from"] = state["step"]
+        state["fresh_optimiser_at"] = [*state.get("fresh_optimiser_at", []), state["step"]]
         draft = kind.load(out, target).train()
         log.info("resuming at step %d from the draft in %s (no optimiser state there: fresh moments, warm-up again)", state["step"], out)
     else:
@@ -363,13 +368,15 @@ def train_draft(
         optimiser.load_state_dict(torch.load(checkpoint / "optimiser.pt", weights_only=True))
     for group in optimiser.param_groups:  # a resumed schedule starts from the peak rate
         group.setdefault("initial_lr", config.learning_rate)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _schedule(s, config, state.get("rewarm_from")), last_epoch=state["step"] - 1)
+    rewarm_from = (state.get("fresh_optimiser_at") or [None])[-1]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _schedule(s, config, rewarm_from), last_epoch=state["step"] - 1)
     rng = random.Random(config.seed)
     order: list[int] = []
     for _ in range(state["step"] * config.batch_size // max(1, len(train_set)) + 1):  # replay the data order up to here
         order += _epoch(train_set, rng, config.batch_size)
     cursor = state["step"] * config.batch_size
     measured: dict = {}
+    data = data_summary(train_set, heldout)
     if state["step"] == 0:  # the untrained draft, for comparison
         _log(out, {"step": 0, **heldout_accuracy(kind, draft, teacher, heldout, config, vocab, pad), "train_sequences": len(train_set)})
     with tqdm(total=config.steps, initial=state["step"], desc=f"{kind.name} draft", unit="step") as bar:
@@ -395,6 +402,7 @@ def train_draft(
                 _checkpoint(kind, draft, optimiser, state, checkpoint)
                 kind.save(draft, out, {"step": state["step"], "train_sequences": len(train_set), "heldout_accuracy": measured["accuracy"]})
                 (out / "state.json").write_text(json.dumps(state))
+                _write_card(kind, draft, out, config, state, data)
                 log.info(
                     "step %d: loss %.3f, held-out accuracy per position %s, tau@4 %s",
                     state["step"],
@@ -403,6 +411,12 @@ def train_draft(
                     measured["tau_depth4"],
                 )
     return measured
+
+
+def _write_card(kind: DraftKind, draft: nn.Module, out: Path, config: TrainingConfig, state: dict, data: dict) -> None:
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    command = f"adaptive distill --kind {kind.name} --out {out} --steps {config.steps}"
+    (out / "README.md").write_text(model_card(f"{kind.name} draft ({out.name})", kind.describe(draft), command, config, state, log, data))
 
 
 def _log(out: Path, entry: dict) -> None:

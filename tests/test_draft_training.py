@@ -139,6 +139,8 @@ def test_training_learns_resumes_and_writes_a_loadable_draft(deep_target, tmp_pa
     assert len(measured["accuracy"]) == kind.steps_predicted and log[-1]["accuracy"][0] > log[0]["accuracy"][0]
     if kind.name == "eagle3":
         assert 1.0 <= measured["tau_depth4"] <= 4.0
+        card = (tmp_path / "out" / "README.md").read_text()
+        assert "EAGLE-3 draft head" in card and "| 30 |" in card and "Steps done: 30 of 30" in card
         draft = load_head(tmp_path / "out", deep_target)
         assert draft.config.draft_vocab_size == 10
     else:
@@ -160,7 +162,7 @@ def test_a_run_continues_on_another_machine_from_its_committed_files_alone(deep_
     saved = kind.load(tmp_path / "clone", deep_target).state_dict()
     measured = train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "clone", _config())
     state = json.loads((tmp_path / "clone" / "state.json").read_text())
-    assert state["step"] == 30 and state["rewarm_from"] == 15
+    assert state["step"] == 30 and state["fresh_optimiser_at"] == [15]
     log = [json.loads(line) for line in (tmp_path / "clone" / "log.jsonl").read_text().splitlines()]
     assert [entry["step"] for entry in log] == [0, 15, 30]
     assert log[-1]["heldout_loss"] < log[1]["heldout_loss"] and len(measured["accuracy"]) == kind.steps_predicted
