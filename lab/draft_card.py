@@ -4,29 +4,10 @@ the run's own log, so a committed draft always carries its provenance."""
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import asdict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lab.draft_training import Sequence, TrainingConfig
-
-
-def data_summary(train_set: list[Sequence], heldout: list[Sequence]) -> dict:
-    """Sequences and response tokens per kind of shard (greedy, t0.7, ...) and language."""
-    sequences, tokens = Counter(), Counter()
-    for s in train_set:
-        key = (s.shard.split("-")[0], s.lang)
-        sequences[key] += 1
-        tokens[key] += len(s.response)
-    return {
-        "rows": [{"shards": kind, "lang": lang, "sequences": sequences[kind, lang], "response_tokens": tokens[kind, lang]} for kind, lang in sorted(sequences)],
-        "heldout_sequences": len(heldout),
-    }
-
-
-def model_card(title: str, description: str, command: str, config: TrainingConfig, state: dict, log: list[dict], data: dict) -> str:
-    """Markdown: the draft, its data, its training and the held-out accuracy logged at each checkpoint."""
+def model_card(title: str, description: str, command: str, config: dict, state: dict, log: list[dict], data: dict) -> str:
+    """Markdown: the draft, its data (:func:`lab.draft_training.data_summary`), its training (``config``: the
+    training settings) and the held-out accuracy logged at each checkpoint."""
     languages = sorted({lang for entry in log for lang in entry.get("per_language", {})})
     positions = max((len(entry["accuracy"]) for entry in log), default=0)
     lines = [
@@ -47,13 +28,13 @@ def model_card(title: str, description: str, command: str, config: TrainingConfi
         "",
         "## Training",
         "",
-        f"`{command}`; settings: {', '.join(f'{k} {v}' for k, v in asdict(config).items())}.",
-        f"Steps done: {state['step']:,} of {config.steps:,} (started {state.get('started', '?')}).",
+        f"`{command}`; settings: {', '.join(f'{k} {v}' for k, v in config.items())}.",
+        f"Steps done: {state['step']:,} of {config['steps']:,} (started {state.get('started', '?')}).",
     ]
     if state.get("fresh_optimiser_at"):
         lines.append(
             f"Continued on another machine from the committed draft at step(s) {', '.join(map(str, state['fresh_optimiser_at']))}: "
-            f"the optimiser's moments started afresh there, under a new warm-up of {config.warmup_steps} steps."
+            f"the optimiser's moments started afresh there, under a new warm-up of {config['warmup_steps']} steps."
         )
     lines += [
         "",

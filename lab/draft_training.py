@@ -37,7 +37,7 @@ from torch import nn
 from tqdm import tqdm
 
 from adaptive.eagle3 import default_layer_ids
-from lab.draft_card import data_summary, model_card
+from lab.draft_card import model_card
 from lab.feature_cache import FeatureCache, cache_folder
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,17 @@ def read_shards(folder: Path) -> list[Sequence]:
     if not rows:
         raise ValueError(f"no response shards in {folder}; generate them with `adaptive distill-data`")
     return rows
+
+
+def data_summary(train_set: list[Sequence], heldout: list[Sequence]) -> dict:
+    """Sequences and response tokens per kind of shard (greedy, t0.7, ...) and language, for the model card."""
+    sequences, tokens = Counter(), Counter()
+    for s in train_set:
+        key = (s.shard.split("-")[0], s.lang)
+        sequences[key] += 1
+        tokens[key] += len(s.response)
+    rows = [{"shards": kind, "lang": lang, "sequences": sequences[kind, lang], "response_tokens": tokens[kind, lang]} for kind, lang in sorted(sequences)]
+    return {"rows": rows, "heldout_sequences": len(heldout)}
 
 
 def held_out(sequence_id: str, percent: int) -> bool:
@@ -416,7 +427,7 @@ def train_draft(
 def _write_card(kind: DraftKind, draft: nn.Module, out: Path, config: TrainingConfig, state: dict, data: dict) -> None:
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     command = f"adaptive distill --kind {kind.name} --out {out} --steps {config.steps}"
-    (out / "README.md").write_text(model_card(f"{kind.name} draft ({out.name})", kind.describe(draft), command, config, state, log, data))
+    (out / "README.md").write_text(model_card(f"{kind.name} draft ({out.name})", kind.describe(draft), command, asdict(config), state, log, data))
 
 
 def _log(out: Path, entry: dict) -> None:
