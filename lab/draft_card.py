@@ -8,8 +8,6 @@ from __future__ import annotations
 def model_card(title: str, description: str, command: str, config: dict, state: dict, log: list[dict], data: dict) -> str:
     """Markdown: the draft, its data (:func:`lab.draft_training.data_summary`), its training (``config``: the
     training settings) and the held-out accuracy logged at each checkpoint."""
-    languages = sorted({lang for entry in log for lang in entry.get("per_language", {})})
-    positions = max((len(entry["accuracy"]) for entry in log), default=0)
     lines = [
         f"# Model card: {title}",
         "",
@@ -42,16 +40,31 @@ def model_card(title: str, description: str, command: str, config: dict, state: 
         "",
         "Per draft position k: how often the draft's arg-max equals the target's greedy token, the earlier steps",
         "given right (teacher-forced, as in greedy verification); τ@4: 1 + tokens a depth-4 chain would have",
-        "accepted per round; per language: position 1.",
+        "accepted per round; per language: position 1. On the held-out draft-training prompts:",
         "",
-        "| step | train loss | held-out loss | " + " | ".join(f"pos {k + 1}" for k in range(positions)) + " | τ@4 | " + " | ".join(languages) + " |",
-        "|---" * (3 + positions + 1 + len(languages)) + "|",
+        *_accuracy_table([(entry, entry) for entry in log], train_loss=True),
     ]
-    for entry in log:
-        accuracy = " | ".join(f"{a:.3f}" for a in entry["accuracy"])
-        tau = f"{entry['tau_depth4']:.2f}" if entry.get("tau_depth4") else "–"
-        per_lang = " | ".join(f"{entry['per_language'][lang][0]:.3f}" if lang in entry.get("per_language", {}) else "–" for lang in languages)
-        loss = f"{entry['loss']:.3f}" if "loss" in entry else "–"
-        lines.append(f"| {entry['step']} | {loss} | {entry['heldout_loss']:.3f} | {accuracy} | {tau} | {per_lang} |")
+    for name in dict.fromkeys(key for entry in log for key, value in entry.items() if isinstance(value, dict) and "accuracy" in value):
+        lines += ["", f"On the workload's {name} split (the target's fp32 greedy outputs of its traces; never trained on):", ""]
+        lines += _accuracy_table([(entry, entry[name]) for entry in log if name in entry], train_loss=False)
     lines += ["", 'Measured in speculative decoding: the repository README ("Measurements").']
     return "\n".join(lines) + "\n"
+
+
+def _accuracy_table(rows: list[tuple[dict, dict]], train_loss: bool) -> list[str]:
+    """Markdown rows: per checkpoint (log entry, measurement) the losses, accuracy per position, τ@4 and
+    position-1 accuracy per language."""
+    languages = sorted({lang for _, measured in rows for lang in measured.get("per_language", {})})
+    positions = max((len(measured["accuracy"]) for _, measured in rows), default=0)
+    header = ["step", *(["train loss"] if train_loss else []), "loss", *(f"pos {k + 1}" for k in range(positions)), "τ@4", *languages]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for entry, measured in rows:
+        cells = [str(entry["step"])]
+        if train_loss:
+            cells.append(f"{entry['loss']:.3f}" if "loss" in entry else "–")
+        cells.append(f"{measured['heldout_loss']:.3f}")
+        cells += [f"{a:.3f}" for a in measured["accuracy"]]
+        cells.append(f"{measured['tau_depth4']:.2f}" if measured.get("tau_depth4") else "–")
+        cells += [f"{measured['per_language'][lang][0]:.3f}" if lang in measured.get("per_language", {}) else "–" for lang in languages]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines

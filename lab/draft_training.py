@@ -37,6 +37,8 @@ from torch import nn
 from tqdm import tqdm
 
 from adaptive.eagle3 import default_layer_ids
+from adaptive.traces import TraceSet
+from adaptive.workload import chat_ids, first_per_language
 from lab.draft_card import model_card
 from lab.feature_cache import FeatureCache, cache_folder
 
@@ -155,6 +157,17 @@ def held_out(sequence_id: str, percent: int) -> bool:
     """True for the ``percent`` % of prompts (by a hash of the prompt id, both kinds of response alike) kept for measuring."""
     prompt = sequence_id.split(":", 1)[1]
     return int(hashlib.sha256(prompt.encode()).hexdigest(), 16) % 100 < percent
+
+
+def workload_sequences(traces: TraceSet, prompts: dict[str, str], tokenizer, per_language: int) -> list[Sequence]:
+    """The first ``per_language`` prompts of each language of a workload split's traces as sequences to
+    measure a draft on: the chat prompt's ids and the target's greedy output the traces hold."""
+    sequences = []
+    for i in first_per_language(traces.langs, per_language):
+        output = traces.outputs[traces.offsets[i] : traces.offsets[i + 1]].tolist()
+        name = traces.prompt_ids[i]
+        sequences.append(Sequence(f"workload:{name}", traces.langs[i], chat_ids(tokenizer, prompts[name]), output, "workload", i))
+    return sequences
 
 
 def draft_vocabulary(sequences: list[Sequence], size: int, always: list[int]) -> torch.Tensor:
@@ -339,11 +352,20 @@ def _schedule(step: int, config: TrainingConfig, rewarm_from: int | None = None)
 
 
 def train_draft(
-    kind: DraftKind, target, tokenizer, data: Path, out: Path, config: TrainingConfig, features: Path | None = None, write_features: bool = True
+    kind: DraftKind,
+    target,
+    tokenizer,
+    data: Path,
+    out: Path,
+    config: TrainingConfig,
+    features: Path | None = None,
+    write_features: bool = True,
+    also_measure: dict[str, list[Sequence]] | None = None,
 ) -> dict:
     """Train (or continue training) a draft of ``kind`` into ``out``; returns the last held-out measurement.
     ``features``: a root folder for the target's features on local disk (:mod:`lab.feature_cache`), None to
-    recompute them; ``write_features`` False: only read what another training fills there."""
+    recompute them; ``write_features`` False: only read what another training fills there; ``also_measure``:
+    more sequences to measure at each checkpoint, by name (e.g. the workload's val split), logged under it."""
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"
     sequences = read_shards(data)
@@ -374,6 +396,12 @@ def train_draft(
         cache = FeatureCache(folder, data, lengths, (3 * target.config.hidden_size, target.config.hidden_size), target.dtype, write_features)
         log.info("feature cache %s: %.0f %% filled", folder, 100 * cache.filled_share())
     teacher = _Features(target, cache, vocab)
+    uncached = _Features(target, None, vocab)
+
+    def measure() -> dict:
+        extra = {name: heldout_accuracy(kind, draft, uncached, seqs, config, vocab, pad) for name, seqs in (also_measure or {}).items()}
+        return {**heldout_accuracy(kind, draft, teacher, heldout, config, vocab, pad), **extra}
+
     optimiser = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0)
     if (checkpoint / "optimiser.pt").is_file():
         optimiser.load_state_dict(torch.load(checkpoint / "optimiser.pt", weights_only=True))
@@ -389,7 +417,7 @@ def train_draft(
     measured: dict = {}
     data = data_summary(train_set, heldout)
     if state["step"] == 0:  # the untrained draft, for comparison
-        _log(out, {"step": 0, **heldout_accuracy(kind, draft, teacher, heldout, config, vocab, pad), "train_sequences": len(train_set)})
+        _log(out, {"step": 0, **measure(), "train_sequences": len(train_set)})
     with tqdm(total=config.steps, initial=state["step"], desc=f"{kind.name} draft", unit="step") as bar:
         while state["step"] < config.steps:
             while cursor + config.batch_size > len(order):
@@ -406,7 +434,7 @@ def train_draft(
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if state["step"] % config.checkpoint_every == 0 or state["step"] == config.steps:
-                measured = heldout_accuracy(kind, draft, teacher, heldout, config, vocab, pad)
+                measured = measure()
                 _log(out, {"step": state["step"], "loss": loss.item(), "lr": scheduler.get_last_lr()[0], **measured, "train_sequences": len(train_set)})
                 if cache is not None:
                     cache.flush()

@@ -15,7 +15,10 @@ from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pa
 from adaptive.draft_model import read_metadata
 from adaptive.integrations.transformers import generate as adaptive_generate
 from adaptive.pair import ASSETS
+from adaptive.traces import TraceSet
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.draft_training import workload_sequences
+from lab.recording import TRACES
 from policies import make_policy
 
 pytestmark = pytest.mark.slow
@@ -124,3 +127,17 @@ def test_two_processes_converting_the_target_at_once_both_get_it(tmp_path):
     assert {out.strip() for out, _, _ in results} == {str(tmp_path / "models" / "smollm2-135m-instruct")}
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smollm2-135m-instruct"]  # no staging folder left
     assert (tmp_path / "models" / "smollm2-135m-instruct" / "model.safetensors").is_file()
+
+
+def test_a_draft_is_measured_on_the_workload_split_as_its_traces_hold_it(pair):
+    """What ``adaptive distill`` measures beside its held-out pool: val prompts in chat form and the target's
+    greedy outputs from the val traces, the first of each language."""
+    traces = TraceSet.load(TRACES / "smollm2-135m-val.npz")
+    prompts = {p["id"]: p["prompt"] for p in load_prompts("val")}
+    sequences = workload_sequences(traces, prompts, pair.tokenizer, 2)
+    assert sorted(s.lang for s in sequences) == sorted(LANGUAGES * 2)
+    first = sequences[0]
+    index = traces.prompt_ids.index(first.id.split(":", 1)[1])
+    assert first.prompt == chat_ids(pair.tokenizer, prompts[traces.prompt_ids[index]])
+    assert first.response == traces.outputs[traces.offsets[index] : traces.offsets[index + 1]].tolist()
+    assert first.response[:8] == generate_plain(pair.target, first.prompt, 8).token_ids  # the target's own greedy answer

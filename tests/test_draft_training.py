@@ -129,12 +129,15 @@ def test_the_heads_loss_is_the_soft_cross_entropy_of_every_unrolled_step(deep_ta
 @pytest.mark.parametrize("kind", [Eagle3Kind(ttt_steps=3), StandaloneKind(num_layers=1)], ids=["eagle3", "standalone"])
 def test_training_learns_resumes_and_writes_a_loadable_draft(deep_target, tmp_path, kind):
     _shards(tmp_path / "data", deep_target)
-    train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config(steps=15))  # stops at 15, as a killed run would
+    extra = {"val": [s for s in read_shards(tmp_path / "data") if s.row < 4]}  # e.g. a workload split, measured beside
+    train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config(steps=15), also_measure=extra)  # stops at 15, as killed
     state = json.loads((tmp_path / "out" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 15 and state["kind"] == kind.name
-    measured = train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config())
+    measured = train_draft(kind, deep_target, _Tokenizer(), tmp_path / "data", tmp_path / "out", _config(), also_measure=extra)
     log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     assert [entry["step"] for entry in log] == [0, 15, 30]  # the untrained draft, then each checkpoint
+    assert all(len(entry["val"]["accuracy"]) == kind.steps_predicted for entry in log)
+    assert "On the workload's val split" in (tmp_path / "out" / "README.md").read_text()
     assert log[-1]["heldout_loss"] < 0.9 * log[0]["heldout_loss"], [entry["heldout_loss"] for entry in log]
     assert len(measured["accuracy"]) == kind.steps_predicted and log[-1]["accuracy"][0] > log[0]["accuracy"][0]
     if kind.name == "eagle3":

@@ -17,13 +17,14 @@ from adaptive.models import cache_root
 from adaptive.pair import load_target
 from adaptive.profiling import profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
+from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
-from adaptive.workload import COPY_TASKS, TASKS
+from adaptive.workload import COPY_TASKS, TASKS, load_prompts
 from lab.cli.common import add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import POOL, SHARDS, generate_shards
 from lab.distill_eagle3 import Eagle3Kind
-from lab.draft_training import TrainingConfig, train_draft
+from lab.draft_training import TrainingConfig, train_draft, workload_sequences
 from lab.recording import TRACES, record_chains, record_chains_sharded, record_tree_traces, select_prompts
 from lab.report import format_table
 from lab.scale import wants_ray
@@ -181,7 +182,12 @@ def cmd_distill(args: argparse.Namespace) -> int:
     target, tokenizer = load_target("smollm2-135m", args.target_dtype)
     config = TrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed)
     features = None if args.feature_cache == "none" else Path(args.feature_cache)
-    print(json.dumps(train_draft(kind, target, tokenizer, Path(args.data), Path(args.out), config, features, not args.read_cache_only), indent=1))
+    also = {}
+    if args.measure_split != "none":  # what the policies will see: the workload's prompts, never the draft's
+        prompts = {p["id"]: p["prompt"] for p in load_prompts(args.measure_split)}
+        traces = TraceSet.load(TRACES / f"smollm2-135m-{args.measure_split}.npz")
+        also[args.measure_split] = workload_sequences(traces, prompts, tokenizer, args.measure_per_language)
+    print(json.dumps(train_draft(kind, target, tokenizer, Path(args.data), Path(args.out), config, features, not args.read_cache_only, also), indent=1))
     return 0
 
 
@@ -263,6 +269,13 @@ def register(commands) -> None:
         action="store_true",
         help="use the features another training fills in the cache, never write them (two trainings at once share one cache)",
     )
+    dist.add_argument(
+        "--measure-split",
+        choices=["val", "test", "none"],
+        default="val",
+        help="also measure the draft at each checkpoint on this workload split's prompts and greedy outputs (default val)",
+    )
+    dist.add_argument("--measure-per-language", type=int, default=16, help="prompts per language of --measure-split")
     dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
     dist.add_argument("--layers", type=int, default=2, help="standalone: transformer layers, initialised from the target's first")
     dist.add_argument("--init", help="standalone: start from this saved draft folder (keeps its layers and vocabulary)")
