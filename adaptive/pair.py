@@ -104,15 +104,21 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "fl
     """
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     target_model = load_model(target, dtype, device)
+    name = f"{Path(target).name}+{COPY if str(draft) == COPY else Path(draft).name}"
+    return ModelPair(target_model, load_draft_for(target_model, draft, tokenizer, dtype, device), tokenizer, name)
+
+
+def load_draft_for(target: PreTrainedModel, draft: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu") -> nn.Module | CopyDraft:
+    """A draft from a folder (any kind :func:`load_pair_from_paths` takes) for an already loaded ``target``,
+    checked against it (``tokenizer``: the target's, to check a draft that brings its own)."""
     if str(draft) == COPY:
-        return ModelPair(target_model, CopyDraft(), tokenizer, f"{Path(target).name}+{COPY}")
+        return CopyDraft()
     if is_head_folder(draft):
-        head = load_head(draft, target_model)
-        return ModelPair(target_model, head, tokenizer, f"{Path(target).name}+{Path(draft).name}")
+        return load_head(draft, target)
     if (Path(draft) / WEIGHTS).is_file():
-        draft_model, draft_tokenizer = load_draft(draft, target_model), None
+        draft_model, draft_tokenizer = load_draft(draft, target), None
     else:
         draft_tokenizer = AutoTokenizer.from_pretrained(str(draft))
         draft_model = load_model(draft, dtype, device)
-    check_compatible(target_model, draft_model, tokenizer, draft_tokenizer)
-    return ModelPair(target_model, draft_model, tokenizer, f"{Path(target).name}+{Path(draft).name}")
+    check_compatible(target, draft_model, tokenizer, draft_tokenizer)
+    return draft_model

@@ -11,8 +11,10 @@ the per-token acceptance α = accepted / (accepted + rejections) (ours), and whe
 plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:mod:`adaptive.divergence`).
 
 Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--repeats 2] [--temperatures 0,0.7] [--dtype auto]
-     [--draft DIR] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy] [--copy] [--generate-route]
-(--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft; --copy: a copy
+     [--draft DIR] [--also-draft NAME=DIR ...] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy] [--copy]
+     [--generate-route]
+(--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft; --also-draft: every
+policy also with this draft, in the same interleaved run — "POLICY [NAME]" — to compare drafts; --copy: a copy
 drafter beside the draft for every policy, so policies with a source — static:G:copy, static:G:copy+model,
 suffix — can use it, plus transformers' prompt-lookup rule as a drafter of its own, drafting to its cap of 10.)
 """
@@ -34,7 +36,7 @@ from adaptive.divergence import first_divergence
 from adaptive.generation import GenerationResult
 from adaptive.integrations.transformers import generate as route_generate
 from adaptive.models import smollm2_folder
-from adaptive.pair import load_pair_from_paths
+from adaptive.pair import load_draft_for, load_pair_from_paths
 from adaptive.profiling import hardware_description
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS
 from lab import live_protocol
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> dict:
     tasks = COPY_TASKS if args.task == "copy-heavy" else (args.task,) if args.task else None
     prompts, ids = live_protocol.first_prompts(pair, args.split, args.per_language, tasks)
     copy = CopyDraft() if args.copy else None
+    extra = {name: load_draft_for(pair.target, folder, pair.tokenizer, args.dtype) for name, folder in args.also_draft}
     report = {
         "pair": pair.name,
         "hardware": hardware_description(pair.target.device),
@@ -113,6 +116,7 @@ def run(args: argparse.Namespace) -> dict:
         "per_language": args.per_language,
         "repeats": args.repeats,
         "draft": type(pair.draft).__name__,
+        "also_drafts": {name: f"{type(draft).__name__} from {folder}" for (name, folder), draft in zip(args.also_draft, extra.values())},
         "task": args.task or "all",
         "copy": args.copy,
         "runs": {},
@@ -127,6 +131,17 @@ def run(args: argparse.Namespace) -> dict:
             )
             for spec in args.policies
         }
+        for name, draft in extra.items():
+            decoders.update(
+                {
+                    f"{spec} [{name}]": (
+                        lambda spec=spec, draft=draft, sampling=sampling: SpeculativeDecoder(
+                            pair.target, draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, copy=copy
+                        )
+                    )
+                    for spec in args.policies
+                }
+            )
         if args.copy:
             decoders[PROMPT_LOOKUP] = lambda sampling=sampling: SpeculativeDecoder(
                 pair.target, PromptLookupDraft(), StaticDepth(10), sampling, tokenizer=pair.tokenizer
@@ -187,6 +202,7 @@ def summarise(report: dict) -> str:
     lines.append(
         f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, "
         f"draft {report['draft']}, {report['dtype']}."
+        + "".join(f" [{name}]: {what}." for name, what in report.get("also_drafts", {}).items())
     )
     return "\n".join(lines)
 
@@ -197,6 +213,14 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--dtype", default="auto", help="auto (default: bfloat16 where the CPU multiplies it natively), float32 or bfloat16")
     parser.add_argument("--draft", help="a draft folder for the pair's target (e.g. an EAGLE-3 head) instead of the pair's draft")
+    parser.add_argument(
+        "--also-draft",
+        action="append",
+        default=[],
+        type=lambda s: tuple(s.split("=", 1)) if "=" in s else parser.error(f"--also-draft takes NAME=DIR, got {s!r}"),
+        metavar="NAME=DIR",
+        help="every policy also with this draft folder, in the same run (repeatable)",
+    )
     parser.add_argument("--per-language", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration per prompt, rotating order; medians")
     parser.add_argument("--new-tokens", type=int, default=128)
