@@ -73,14 +73,16 @@ def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tupl
 
 def run_load(
     decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
-) -> tuple[list[RequestResult], float]:
+) -> tuple[list[RequestResult], float, list[tuple[int, int]]]:
     """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load``; returns the finished
-    requests in submission order and the run's wall seconds (first submission to last token)."""
+    requests in submission order, the run's wall seconds (first submission to last token) and each round's
+    batch size and depth."""
     clock, start = decoder.clock, decoder.clock()
     arrivals = None
     if load.rate is not None:
         arrivals = list(start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
     submitted: list[int] = []
+    rounds: list[tuple[int, int]] = []
 
     def submit(index: int, at: float | None = None) -> None:
         submitted.append(decoder.submit(prompts[index], max_new_tokens, seed=seed + index, at=at))
@@ -99,9 +101,11 @@ def run_load(
                 continue
         if decoder.idle:
             break
-        decoder.step()
+        round_ = decoder.step()
+        if round_ is not None:
+            rounds.append((len(round_.requests), round_.depth))
     results = [decoder.finished.pop(i) for i in submitted]
-    return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start
+    return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start, rounds
 
 
 def request_row(result: RequestResult, prompt: int, lang: str) -> dict:
@@ -173,9 +177,9 @@ def load_test(
                         pair.target, pair.draft, policies[name](), sampling, tokenizer=pair.tokenizer, max_depth=settings.max_depth, max_batch=load.batch
                     )
                     with PeakMemory(pair.target.device) as peak:
-                        results, wall = run_load(decoder, [ids for _, ids in prompts[: load.requests]], load, settings.max_new_tokens, settings.seed)
+                        results, wall, rounds = run_load(decoder, [ids for _, ids in prompts[: load.requests]], load, settings.max_new_tokens, settings.seed)
                     rows = [request_row(r, i, prompts[i][0]) for i, r in enumerate(results)]
-                    runs[name].append({"rows": rows, "wall": wall, "peak_mib": peak.mib})
+                    runs[name].append({"rows": rows, "wall": wall, "peak_mib": peak.mib, "rounds": [list(r) for r in rounds]})
                     bar.update()
             summary_ = summarise_load(runs, names[0], settings.slo_tpot_ms)
             if settings.near_ties:
@@ -198,6 +202,15 @@ def divergences(target, prompts: list[list[int]], runs: list[dict], baseline: li
     return {"count": len(found), "near_ties": sum(d["near_tie"] for d in found), "each": found}
 
 
+def depths_by_batch(rounds: list[tuple[int, int]]) -> dict[str, dict[str, int]]:
+    """Rounds per depth at each batch size (JSON keys): what a policy chose under this load."""
+    counts: dict[str, dict[str, int]] = {}
+    for batch, depth in sorted(rounds):
+        per_depth = counts.setdefault(str(batch), {})
+        per_depth[str(depth)] = per_depth.get(str(depth), 0) + 1
+    return counts
+
+
 def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: float) -> dict:
     """Per policy: summaries per language and overall (repeats pooled: wall seconds summed), peak memory,
     and the throughput ratio to ``baseline`` with its paired interval over requests."""
@@ -207,6 +220,7 @@ def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: floa
         wall = sum(run["wall"] for run in repeats)
         per_lang = {lang: summary([r for r in rows if r["lang"] == lang], wall, slo_tpot_ms) for lang in LANGUAGES if any(r["lang"] == lang for r in rows)}
         entry = {"all": summary(rows, wall, slo_tpot_ms), **per_lang, "peak_mib": max((run["peak_mib"] or 0.0) for run in repeats)}
+        entry["depths"] = depths_by_batch([tuple(r) for run in repeats for r in run.get("rounds", [])])
         result[name] = entry
     for name, repeats in runs.items():
         rows = [row for run in repeats for row in run["rows"]]

@@ -169,7 +169,12 @@ def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folder
             assert entry["divergent_requests"] == 0 and entry["all"]["requests"] == 6
             assert entry["all"]["tpot_ms"]["p50"] <= entry["all"]["tpot_ms"]["p95"] and entry["all"]["throughput"] > 0
         assert load["summary"]["static:3"]["all"]["accepted_per_round"] > 0 == load["summary"]["plain"]["all"]["accepted_per_round"]
+        assert all(set(d) == {"3"} for d in load["summary"]["static:3"]["depths"].values())
+        assert all(set(d) == {"0"} for d in load["summary"]["plain"]["depths"].values())
+    schedule = data["loads"]["concurrency 2"]["summary"]["schedule:1-1=4,2-8=2"]["depths"]  # what it chose at each batch size
+    assert set(schedule["2"]) == {"2"} and all(set(d) == {"4"} for b, d in schedule.items() if b == "1")
     assert "### concurrency 2 (6 requests)" in result.stdout and (out / "report.md").is_file() and (out / "load.png").is_file()
+    assert "depth by batch size" in result.stdout and "2:2" in result.stdout
     rated = run("loadtest", *pair, *common, "--rate", "200", "--max-batch", "4", "--out", str(tmp_path / "rate"))
     assert rated.returncode == 0, rated.stderr
     assert "### rate 200/s" in rated.stdout

@@ -43,6 +43,16 @@ def _diverged(entry: dict) -> str:
     return f"{entry['divergent_requests']} ({checked['near_ties']} near-ties)" if checked else str(entry["divergent_requests"])
 
 
+def _depths(depths: dict[str, dict[str, int]]) -> str:
+    """Per batch size the depth chosen most often, with its share of the rounds when not all: ``1:2 2:1 (80 %)``."""
+    cells = []
+    for batch, counts in sorted(depths.items(), key=lambda item: int(item[0])):
+        depth, rounds = max(counts.items(), key=lambda item: item[1])
+        share = rounds / sum(counts.values())
+        cells.append(f"{batch}:{depth}" + (f" ({share:.0%})" if share < 1 else ""))
+    return " ".join(cells) or "-"
+
+
 def report_lines(result: dict) -> list[str]:
     """A Markdown table per load: per policy throughput, goodput, latency percentiles and the gain over plain."""
     lines = []
@@ -60,6 +70,7 @@ def report_lines(result: dict) -> list[str]:
                     f"{a['itl_ms']['p50']:.1f} / {a['itl_ms']['p95']:.1f} / {a['itl_ms']['p99']:.1f}",
                     f"{a['e2e_ms']['p50'] / 1e3:.2f} / {a['e2e_ms']['p95'] / 1e3:.2f}",
                     f"{a['accepted_per_round']:.2f}",
+                    _depths(entry.get("depths", {})),
                     f"{gain['throughput_ratio']:.3f}",
                     f"{gain['request_speed_ratio']:.3f} [{gain['low']:.3f}, {gain['high']:.3f}]",
                     _diverged(entry),
@@ -75,6 +86,7 @@ def report_lines(result: dict) -> list[str]:
             "ITL ms p50/p95/p99",
             "e2e s p50/p95",
             "accepted/round",
+            "depth by batch size",
             "throughput vs plain",
             "request speed vs plain [95 %]",
             "diverged",
