@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,13 +49,22 @@ def smollm2_folder() -> Path:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.config.quantization_config = None  # save_pretrained refuses a model still marked GGUF-quantised
     model.hf_quantizer = None
-    # Written under a name of this process's own, renamed at the end: no half-written cache, and two
-    # processes converting at once (two background jobs started together) do not collide.
+
+    def write(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    return write_once(folder, write)
+
+
+def write_once(folder: Path, write: Callable[[Path], None]) -> Path:
+    """Make ``folder`` with ``write(staging)`` under a name of this process's own, then rename it: never
+    half-written, and when two processes make it at once (two background jobs started together on a fresh
+    machine) the second to finish keeps the first's folder and drops its own copy."""
     staging = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    write(staging)
     try:
         staging.replace(folder)
-    except OSError:  # another process finished first: its copy is the same conversion
+    except OSError:  # another process finished first
         shutil.rmtree(staging)
     return folder
