@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from adaptive.batched_model import BatchedCachedModel
-from adaptive.drafts import target_taps
+from adaptive.drafts import surviving, target_taps
 from adaptive.eagle3 import Eagle3Head, rotary
 
 
@@ -85,10 +85,9 @@ class BatchedHeadSession:
         """Keep at most the first ``length`` tokens of ``row``, and no entry made from the head's own states."""
         if not 0 <= length <= len(self.tokens[row]):
             raise ValueError(f"cannot roll row {row} back to length {length}: it holds {len(self.tokens[row])} tokens")
-        own = self.first_own[row]
-        entries = max(0, length - 1) if own is None else min(max(0, length - 1), own)
+        entries, tokens = surviving(length, self.first_own[row])
         self.states[row] = self.states[row][:entries]
-        self.tokens[row] = self.tokens[row][: min(length, entries + 1)]
+        self.tokens[row] = self.tokens[row][:tokens]
         self.first_own[row] = None
 
     @torch.inference_mode()

@@ -59,6 +59,14 @@ def teacher_forced(target: nn.Module, draft: Draft, sequence: list[int]) -> tupl
     return session, session.forward(sequence)
 
 
+def surviving(length: int, first_own: int | None) -> tuple[int, int]:
+    """What a head keeps when rolled back to ``length`` tokens: (entries, tokens). Entry i is made from the
+    target's state at token i and reads token i + 1; entries from ``first_own`` on were made from the head's
+    own states and never survive (the next round remakes them from the target's), nor do the tokens past them."""
+    entries = max(0, length - 1) if first_own is None else min(max(0, length - 1), first_own)
+    return entries, min(length, entries + 1)
+
+
 class HeadSession:
     """An EAGLE-3 head decoding one sequence, with its own KV cache.
 
@@ -171,9 +179,9 @@ class HeadSession:
         """Keep at most the first ``length`` tokens, and no entry made from the head's own states."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to length {length}: the head holds {self.length} tokens")
-        entries = max(0, length - 1) if self.first_own is None else min(max(0, length - 1), self.first_own)
+        entries, tokens = surviving(length, self.first_own)
         self.states = self.states[:entries]
         if self.keys is not None:
             self.keys, self.values = self.keys[..., :entries, :], self.values[..., :entries, :]
-        self.tokens = self.tokens[: min(length, entries + 1)]
+        self.tokens = self.tokens[:tokens]
         self.first_own = None
