@@ -10,7 +10,10 @@ only:
   help), unpacked with ``dpkg -x``;
 * only passages that ``split_of`` assigns to train, so no val or test passage of any source is used, and
   none quoted inside a workload prompt;
-* the workload's four task types and instructions, per language.
+* the workload's four task types and instructions, per language, then (appended, so the earlier prompts
+  stay as they were) its four copy-heavy ones: fix the typos, comment code, answer from a passage,
+  translate keeping names. Their answers copy spans of the prompt, as half of the workload's val and test
+  prompts do; a draft that never saw such prompts does not learn to copy.
 
 Kept out of every split on purpose (independent checks): Debian's manpages, maint-guide, debian-faq and
 aptitude documentation.
@@ -34,13 +37,17 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
 from build_workload import (  # noqa: E402
+    COPY_TASK_SOURCES,
+    COPY_TOKEN_RANGE,
     INSTRUCTIONS,
     LANGUAGES,
     TOKEN_RANGE,
     collect_sources,
+    copy_prompt,
     fetch,
     in_language,
     split_of,
+    with_typos,
 )
 
 from adaptive.models import cache_root, smollm2_folder  # noqa: E402
@@ -67,6 +74,7 @@ GENERIC_CODE = {
     "zh": "请解释这段代码的作用：\n\n```\n{text}\n```",
 }
 PER_TASK = 1600  # per language and task: 4 x 4 x 1600 = 25,600 prompts at most
+COPY_PER_TASK = 300  # per language and copy-heavy task: 4 x 4 x 300 = 4,800 prompts at most
 
 
 class BlockText(HTMLParser):
@@ -161,6 +169,37 @@ def build_pool(workload: list[dict], extra, base, tokenizer, seed: int = 2026113
     return pool
 
 
+def build_copy_pool(workload: list[dict], extra, base, tokenizer, earlier: list[dict], seed: int = 20261201) -> list[dict]:
+    """Copy-heavy prompts per (language, task), the workload's instructions, from train-bucket passages that
+    no workload prompt quotes (nor its typo'd form) and that quote no val/test passage."""
+    rng = random.Random(seed)
+    workload_prompts = [p["prompt"] for p in workload]
+    held_out = [p["prompt"].split(":", 1)[-1].strip() for p in workload if p["split"] != "train"]
+    held_out = [text for text in held_out if len(text) > 40]
+    pool, seen = [], {p["prompt"] for p in earlier} | set(workload_prompts)
+    for lang in LANGUAGES:
+        kinds = {"paragraph": base[lang]["paragraph"] + extra[lang]["paragraph"], "code": base[lang]["code"]}  # Python examples: "comment" asks for Python
+        for task, kind in COPY_TASK_SOURCES.items():
+            low, high = COPY_TOKEN_RANGE[task]
+            candidates = list(dict.fromkeys(kinds[kind]))
+            rng.shuffle(candidates)
+            chosen = 0
+            for source, text in candidates:
+                if chosen == COPY_PER_TASK:
+                    break
+                if split_of(text) != "train" or any(x in source for x in EXCLUDED) or (kind != "code" and not in_language(text, lang)):
+                    continue
+                prompt = copy_prompt(task, lang, text)
+                if prompt is None or prompt in seen or not low <= len(tokenizer(text)["input_ids"]) <= high:
+                    continue
+                if any(text in other or with_typos(text, lang) in other for other in workload_prompts) or any(h in prompt for h in held_out):
+                    continue
+                seen.add(prompt)
+                pool.append({"id": f"draft-{lang}-{task}-{chosen:04d}", "lang": lang, "task": task, "split": "draft", "source": source, "prompt": prompt})
+                chosen += 1
+    return pool
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debs", type=Path, default=cache_root() / "debs", help="the workload's .deb files")
@@ -172,11 +211,13 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
     workload = [json.loads(line) for line in args.workload.read_text().splitlines()]
-    pool = build_pool(workload, html_passages(fetch(args.extra_debs, PACKAGES)), collect_sources(fetch(args.debs)), tokenizer)
+    extra, base = html_passages(fetch(args.extra_debs, PACKAGES)), collect_sources(fetch(args.debs))
+    pool = build_pool(workload, extra, base, tokenizer)
+    pool += build_copy_pool(workload, extra, base, tokenizer, pool)
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pool))
     counts = Counter((p["lang"], p["task"]) for p in pool)
     for lang in LANGUAGES:
-        print(lang, {task: counts[(lang, task)] for task in INSTRUCTIONS})
+        print(lang, {task: counts[(lang, task)] for task in [*INSTRUCTIONS, *COPY_TASK_SOURCES]})
     print(f"wrote {len(pool)} draft-training prompts to {args.out}")
 
 

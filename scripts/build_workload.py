@@ -426,7 +426,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
     by_lang = collect_sources(fetch(args.debs))
     prompts = build_prompts(by_lang, tokenizer)
-    pool = [json.loads(line)["prompt"] for line in args.pool.read_text(encoding="utf-8").splitlines()]
+    pool_rows = [json.loads(line) for line in args.pool.read_text(encoding="utf-8").splitlines()]
+    pool = [row["prompt"] for row in pool_rows if row["task"] in INSTRUCTIONS]  # the prompts the copy-heavy selection was made against
     prompts += build_copy_prompts(by_lang, tokenizer, prompts, pool)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts))

@@ -64,6 +64,19 @@ def test_the_draft_training_pool_is_disjoint_from_every_policy_prompt(prompts):
     long_passages = [text for text in held_out_passages if len(text) > 40]
     quoting = [p["id"] for p in pool[::50] if any(text in p["prompt"] for text in long_passages)]
     assert not quoting, quoting[:5]
+    copy_heavy = [p for p in pool if p["task"] in COPY_TASKS]
+    quoting = [p["id"] for p in copy_heavy[::10] if any(text in p["prompt"] for text in long_passages)]
+    assert not quoting, quoting[:5]
+
+
+def test_the_draft_training_pool_holds_copy_heavy_prompts_after_the_rest():
+    """Half of the workload's val and test prompts are copy-heavy: the pool has those tasks too, in every
+    language, appended after the four first task types (whose shards were generated first)."""
+    pool = [json.loads(line) for line in POOL.read_text().splitlines()]
+    first_copy = next(i for i, row in enumerate(pool) if row["task"] in COPY_TASKS)
+    assert first_copy >= 20_000 and all(row["task"] in COPY_TASKS for row in pool[first_copy:])
+    counts = Counter((p["lang"], p["task"]) for p in pool[first_copy:])
+    assert all(counts[(lang, task)] >= 200 for lang in LANGUAGES for task in COPY_TASKS), counts
 
 
 def test_copy_heavy_tasks_cover_every_language_and_split_and_come_after_the_rest(prompts):
