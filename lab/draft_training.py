@@ -160,10 +160,12 @@ def held_out(sequence_id: str, percent: int) -> bool:
 
 
 def workload_sequences(traces: TraceSet, prompts: dict[str, str], tokenizer, per_language: int) -> list[Sequence]:
-    """The first ``per_language`` prompts of each language of a workload split's traces as sequences to
-    measure a draft on: the chat prompt's ids and the target's greedy output the traces hold."""
+    """The first ``per_language`` prompts of each language of a workload split's traces that are among
+    ``prompts`` (id to text), as sequences to measure a draft on: the chat prompt's ids and the target's greedy
+    output the traces hold."""
+    chosen = [i for i, name in enumerate(traces.prompt_ids) if name in prompts]
     sequences = []
-    for i in first_per_language(traces.langs, per_language):
+    for i in (chosen[j] for j in first_per_language([traces.langs[i] for i in chosen], per_language)):
         output = traces.outputs[traces.offsets[i] : traces.offsets[i + 1]].tolist()
         name = traces.prompt_ids[i]
         sequences.append(Sequence(f"workload:{name}", traces.langs[i], chat_ids(tokenizer, prompts[name]), output, "workload", i))

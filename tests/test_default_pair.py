@@ -12,7 +12,7 @@ from adaptive.draft_model import read_metadata
 from adaptive.integrations.transformers import generate as adaptive_generate
 from adaptive.pair import ASSETS
 from adaptive.traces import TraceSet
-from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from adaptive.workload import COPY_TASKS, LANGUAGES, chat_ids, load_prompts
 from lab.draft_training import workload_sequences
 from lab.recording import TRACES
 from policies import make_policy
@@ -124,3 +124,6 @@ def test_a_draft_is_measured_on_the_workload_split_as_its_traces_hold_it(pair):
     assert first.prompt == chat_ids(pair.tokenizer, prompts[traces.prompt_ids[index]])
     assert first.response == traces.outputs[traces.offsets[index] : traces.offsets[index + 1]].tolist()
     assert first.response[:8] == generate_plain(pair.target, first.prompt, 8).token_ids  # the target's own greedy answer
+    copy_heavy = {p["id"]: p["prompt"] for p in load_prompts("val") if p["task"] in COPY_TASKS}
+    sequences = workload_sequences(TraceSet.load(TRACES / "smollm2-135m-val-copy.npz"), copy_heavy, pair.tokenizer, 3)  # the copy traces hold them
+    assert sorted(s.lang for s in sequences) == sorted(LANGUAGES * 3) and all(s.id.split(":", 1)[1] in copy_heavy for s in sequences)

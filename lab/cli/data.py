@@ -184,9 +184,14 @@ def cmd_distill(args: argparse.Namespace) -> int:
     features = None if args.feature_cache == "none" else Path(args.feature_cache)
     also = {}
     if args.measure_split != "none":  # what the policies will see: the workload's prompts, never the draft's
-        prompts = {p["id"]: p["prompt"] for p in load_prompts(args.measure_split)}
+        rows = load_prompts(args.measure_split)
+        prompts = {p["id"]: p["prompt"] for p in rows}
         traces = TraceSet.load(TRACES / f"smollm2-135m-{args.measure_split}.npz")
         also[args.measure_split] = workload_sequences(traces, prompts, tokenizer, args.measure_per_language)
+        copy_traces = TRACES / f"smollm2-135m-{args.measure_split}-copy.npz"  # they also hold the copy-heavy prompts
+        if copy_traces.is_file():
+            copy_heavy = {p["id"]: p["prompt"] for p in rows if p["task"] in COPY_TASKS}
+            also[f"{args.measure_split} copy-heavy"] = workload_sequences(TraceSet.load(copy_traces), copy_heavy, tokenizer, args.measure_per_language)
     print(json.dumps(train_draft(kind, target, tokenizer, Path(args.data), Path(args.out), config, features, not args.read_cache_only, also), indent=1))
     return 0
 
@@ -273,7 +278,7 @@ def register(commands) -> None:
         "--measure-split",
         choices=["val", "test", "none"],
         default="val",
-        help="also measure the draft at each checkpoint on this workload split's prompts and greedy outputs (default val)",
+        help="also measure the draft at each checkpoint on this workload split's prompts and greedy outputs, and apart on its copy-heavy prompts (default val)",
     )
     dist.add_argument("--measure-per-language", type=int, default=16, help="prompts per language of --measure-split")
     dist.add_argument("--ttt-steps", type=int, default=7, help="eagle3: draft steps unrolled in training")
