@@ -262,7 +262,7 @@ def aux_layers(target) -> tuple[int, int, int]:
     return default_layer_ids(target.config.num_hidden_layers)
 
 
-class _Features:
+class TargetFeatures:
     """The target's states of training batches: from the cache when it holds every sequence, else from the
     target (and then stored)."""
 
@@ -287,7 +287,7 @@ class _Features:
 
 @torch.no_grad()
 def heldout_accuracy(
-    kind: DraftKind, draft: nn.Module, features: _Features, sequences: list[Sequence], config: TrainingConfig, vocab: torch.Tensor, pad: int
+    kind: DraftKind, draft: nn.Module, features: TargetFeatures, sequences: list[Sequence], config: TrainingConfig, vocab: torch.Tensor, pad: int
 ) -> dict:
     """Per draft position k: how often the draft's arg-max equals the target's greedy token (greedy acceptance
     of step k given the earlier steps right), per language; and, for drafts predicting several positions,
@@ -397,8 +397,8 @@ def train_draft(
             lengths.setdefault(s.shard, []).append(min(config.max_length, len(s.prompt) + len(s.response)))
         cache = FeatureCache(folder, data, lengths, (3 * target.config.hidden_size, target.config.hidden_size), target.dtype, write_features)
         log.info("feature cache %s: %.0f %% filled", folder, 100 * cache.filled_share())
-    teacher = _Features(target, cache, vocab)
-    uncached = _Features(target, None, vocab)
+    teacher = TargetFeatures(target, cache, vocab)
+    uncached = TargetFeatures(target, None, vocab)
 
     def measure() -> dict:
         extra = {name: heldout_accuracy(kind, draft, uncached, seqs, config, vocab, pad) for name, seqs in (also_measure or {}).items()}

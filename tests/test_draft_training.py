@@ -19,8 +19,8 @@ from lab.distill_eagle3 import Eagle3Kind, unrolled_loss
 from lab.draft_training import (
     Batch,
     Sequence,
+    TargetFeatures,
     TrainingConfig,
-    _Features,
     _schedule,
     draft_log_probs,
     draft_vocabulary,
@@ -218,5 +218,5 @@ def test_a_standalone_draft_equal_to_the_target_scores_full_held_out_accuracy(de
     kind = StandaloneKind()
     full = build_draft(deep_target, deep_target.config.num_hidden_layers, torch.arange(16))
     vocab = kind.vocabulary(full)
-    measured = heldout_accuracy(kind, full, _Features(deep_target, None, vocab), read_shards(tmp_path / "data")[:8], _config(), vocab, 0)
+    measured = heldout_accuracy(kind, full, TargetFeatures(deep_target, None, vocab), read_shards(tmp_path / "data")[:8], _config(), vocab, 0)
     assert measured["accuracy"][0] > 0.95
