@@ -26,7 +26,7 @@ for every chain policy that verifies what it drafts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
@@ -119,12 +119,15 @@ def _rollouts(
     steps: int,
     sampling: SamplingConfig = GREEDY,
     generator: torch.Generator | None = None,
+    forced: list[list[int]] | None = None,
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     """Draft ``steps`` more tokens for each row, all rows in one masked forward per step appended to the
     session's cache: row r sees the first ``contexts[r]`` cached tokens and then its own tokens, starting
-    with ``first_tokens[r]`` (at position ``contexts[r]``). Greedy picks the arg-max, otherwise tokens are
-    drawn from the sampling distribution. Returns features ``[rows, steps, 4]``, the drafted tokens
-    ``[rows, steps]`` and the probability each had under the draft's sampling distribution."""
+    with ``first_tokens[r]`` (at position ``contexts[r]``), then ``forced[r]`` (tokens given, not drafted)
+    and then what it drafts. Greedy picks the arg-max, otherwise tokens are drawn from the sampling
+    distribution. Returns features ``[rows, steps, 4]``, the drafted tokens ``[rows, steps]`` (the draft's
+    own choice at every step, forced or not) and the probability each had under the draft's sampling
+    distribution."""
     rows = len(contexts)
     own: list[list[int]] = [[] for _ in range(rows)]
     tokens = list(first_tokens)
@@ -145,8 +148,33 @@ def _rollouts(
         out[:, j] = [s[1:] for s in step]
         tokens = [s[0] for s in step]
         drafted.append(torch.tensor(tokens, device=session.device))
+        if forced is not None:
+            tokens = [given[j] if j < len(given) else token for given, token in zip(forced, tokens)]
     empty = torch.zeros(rows, 0, device=session.device)
     return out, torch.stack(drafted, 1) if drafted else empty.long(), torch.stack(probs, 1) if probs else empty
+
+
+@torch.inference_mode()
+def head_chains_after_copies(target: PreTrainedModel, head: nn.Module, prompt: list[int], output: list[int], chains: CopyTrace) -> CopyTrace:
+    """``chains`` with a draft head's chain in every copy+model round whose copied tokens all match the
+    output (:attr:`CopyTrace.after_match`, :attr:`CopyTrace.after_features`): the head reads the a copied
+    tokens as the live decoder feeds them, the first from the target's state before it and the rest from its
+    own, then drafts the round's remaining K - a steps. All such positions of a prompt in one batched forward
+    per step."""
+    n, p, depth = len(output), len(prompt), chains.features.shape[1]
+    after_match = np.full(n, -1, dtype=np.int64)
+    after_features = np.zeros((n, depth, FEATURES), dtype=np.float32)
+    rows = [t for t in range(n) if 1 <= chains.available[t] == chains.match[t] < depth and t + chains.available[t] < n]
+    if rows:
+        session, _ = teacher_forced(target, head, prompt + output)
+        copied = [int(chains.available[t]) for t in rows]
+        forced = [output[t + 1 : t + a] for t, a in zip(rows, copied)]
+        features, drafted, _ = _rollouts(session, [p + t for t in rows], [output[t] for t in rows], depth - 1, forced=forced)
+        for row, (t, a) in enumerate(zip(rows, copied)):
+            after_features[t, : depth - a] = features[row, a - 1 :]
+            proposal, truth = drafted[row, a - 1 :].tolist(), output[t + a : t + depth]
+            after_match[t] = next((j for j, (x, y) in enumerate(zip(proposal, truth)) if x != y), min(len(proposal), len(truth)))
+    return replace(chains, after_match=after_match, after_features=after_features)
 
 
 def copy_trace(copy: CopyDraft | PromptLookupDraft, vocab_size: int, prompt: list[int], output: list[int], depth: int) -> CopyTrace:
@@ -253,8 +281,11 @@ def record(
             rejects.append(r)
         if copy is not None:
             vocab = output_vocab_size(decoder.target.model)
-            copies.append(copy_trace(copy, vocab, ids, y, depth))
-            lookups.append(copy_trace(lookup, vocab, ids, y, depth))
+            chains = copy_trace(copy, vocab, ids, y, depth), copy_trace(lookup, vocab, ids, y, depth)
+            if target_taps(decoder.draft.model) is not None:  # a head: its chain after copied tokens is its own
+                chains = tuple(head_chains_after_copies(decoder.target.model, decoder.draft.model, ids, y, c) for c in chains)
+            copies.append(chains[0])
+            lookups.append(chains[1])
         outputs.append(np.array(y, dtype=np.int32))
         matches.append(m)
         features.append(f)
@@ -290,4 +321,4 @@ def record(
 
 def _joined(chains: list[CopyTrace]) -> CopyTrace | None:
     """Per-prompt chains of a model-free drafter back to back (None when none were recorded)."""
-    return CopyTrace(*(np.concatenate([getattr(c, name) for c in chains]) for name in CopyTrace.ARRAYS)) if chains else None
+    return CopyTrace.concatenate(chains) if chains else None

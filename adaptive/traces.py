@@ -114,8 +114,25 @@ class CopyTrace:
     """[N, K, 4] float: :data:`STEP_FEATURES` of its continuation frequencies at each step (0 past ``available``)."""
     lengths: np.ndarray
     """[N, K] int: the match length behind each step (0 past ``available``)."""
+    after_match: np.ndarray | None = None
+    """[N] int, for a draft head: how many steps of the model's chain in a copy+model round at t (after the
+    ``available`` proposals, all matching) equal the output from t + available; -1 where that round does not
+    reach the model. A head reads the copied tokens from its own states, so its chain there is not the one it
+    drafts at t + available from the target's; a draft reading only tokens needs none (None)."""
+    after_features: np.ndarray | None = None
+    """[N, K, 4] float, for a draft head: that chain's :data:`STEP_FEATURES`, step k at index k."""
 
     ARRAYS = ("match", "available", "features", "lengths")
+    AFTER = ("after_match", "after_features")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array it holds, by name (the optional head chains only when recorded)."""
+        return {name: getattr(self, name) for name in (*self.ARRAYS, *self.AFTER) if getattr(self, name) is not None}
+
+    @classmethod
+    def concatenate(cls, parts: list[CopyTrace]) -> CopyTrace:
+        """Chains of consecutive prompts (or prompt shards), back to back."""
+        return cls(**{name: np.concatenate([part.arrays()[name] for part in parts]) for name in parts[0].arrays()})
 
 
 @dataclass
@@ -198,7 +215,7 @@ class TraceSet:
 
         def chains(name: str) -> CopyTrace | None:
             found = [getattr(part, name) for part in parts]
-            return None if found[0] is None else CopyTrace(*(np.concatenate([getattr(c, a) for c in found]) for a in CopyTrace.ARRAYS))
+            return None if found[0] is None else CopyTrace.concatenate(found)
 
         lengths = np.concatenate([np.diff(part.offsets) for part in parts])
         metadata = dict(parts[0].metadata)
@@ -227,10 +244,7 @@ class TraceSet:
         for prefix, chains in (("copy", self.copy), ("lookup", self.lookup)):
             if chains is not None:
                 arrays.update(
-                    {
-                        f"{prefix}_{name}": getattr(chains, name).astype(np.float16 if name == "features" else np.int16)
-                        for name in CopyTrace.ARRAYS
-                    }
+                    {f"{prefix}_{name}": array.astype(np.float16 if name.endswith("features") else np.int16) for name, array in chains.arrays().items()}
                 )
         write_npz(path, self, arrays, TRACE_FORMAT)
 
@@ -261,5 +275,6 @@ def _chains(data, prefix: str) -> CopyTrace | None:
     """A model-free drafter's chains stored under ``prefix`` in an open trace file (None when absent)."""
     if f"{prefix}_match" not in data.files:
         return None
-    arrays = {name: data[f"{prefix}_{name}"].astype(np.float32 if name == "features" else np.int64) for name in CopyTrace.ARRAYS}
-    return CopyTrace(**{**arrays, "features": with_margins(arrays["features"])})
+    names = [name for name in (*CopyTrace.ARRAYS, *CopyTrace.AFTER) if f"{prefix}_{name}" in data.files]
+    arrays = {name: data[f"{prefix}_{name}"].astype(np.float32 if name.endswith("features") else np.int64) for name in names}
+    return CopyTrace(**{**arrays, **{name: with_margins(arrays[name]) for name in ("features", "after_features") if name in arrays}})

@@ -15,8 +15,10 @@ Greedy traces that hold the copy drafter's chains (:class:`~adaptive.traces.Copy
 drafted by it too (``choose_source``): a copy round drafts while the chain at t has proposals and accepts
 as many as match; a copy+model round goes on with the model's chain at t + a after the copy drafter's a
 proposals, which is the model's own round there when all a matched (exact for drafts that read only
-tokens; a head would draft those steps from its own states). A copy+model round whose copied tokens reach
-the output's end drafts no model steps (the live decoder would draft past the EOS: only its draft time differs).
+tokens); a draft head reads the copied tokens from its own states, so its traces hold its chain after them
+(:attr:`~adaptive.traces.CopyTrace.after_match`), which such a round replays instead, exactly. A copy+model
+round whose copied tokens reach the output's end drafts no model steps (the live decoder would draft past
+the EOS: only its draft time differs).
 """
 
 from __future__ import annotations
@@ -127,11 +129,14 @@ class ReplayBackend(TraceReplay):
         self._rejected_at: int | None = None
         """Sampled traces: the step of this round whose proposal was rejected (None: none yet)."""
         self._rng = np.random.default_rng(0)
+        self._after: tuple[list, list] | None = None
         if copy and traces.copy is not None and not traces.sampled:
             self.sources = SOURCES
             chains = traces.copy
             self._copy_match, self._copy_available = chains.match.tolist(), chains.available.tolist()
             self._copy_features, self._copy_lengths = chains.features.tolist(), chains.lengths.tolist()
+            if chains.after_match is not None:  # a head's chain after a round's copied tokens, per position
+                self._after = (chains.after_match.tolist(), chains.after_features.tolist())
         self._source = "model"
         self._exhausted = False
         """The round's drafter ran out of proposals: its cap is its depth."""
@@ -188,7 +193,7 @@ class ReplayBackend(TraceReplay):
 
     def _draft_with_copy(self) -> tuple[float, float, float, float, int] | None:
         """A step of a copy or copy+model round: the copy drafter's chain at t while it has proposals, then
-        (copy+model) the model's chain at t + a, a the copy drafter's proposals."""
+        (copy+model) the model's chain at t + a, a the copy drafter's proposals (a head's: its chain after them)."""
         if self._depth >= self.cap:
             raise ValueError(f"this round is already {self._depth} tokens deep, its cap")
         i, step = self._start + self._t, self._depth
@@ -200,6 +205,8 @@ class ReplayBackend(TraceReplay):
             self._exhausted = True
             return None
         self._depth += 1
+        if self._after is not None and 0 < available == self._copy_match[i]:  # after a copied token: the head's own chain
+            return (*self._after[1][i][step - available], 0)
         return (*self._features[i + available][step - available], 0)
 
     def lookahead(self, source: str, depth: int) -> Cycle:
@@ -228,7 +235,11 @@ class ReplayBackend(TraceReplay):
             copy_forwards = max(1, copy_steps + (self._exhausted or (self._source == "copy+model" and depth > copy_steps)))
         if self._source != "model":
             available, copied = self._copy_available[i], self._copy_match[i]
-            accepted = min(size, copied) if size <= available or copied < available else available + min(size - available, self._match[i + available])
+            if size <= available or copied < available:
+                accepted = min(size, copied)
+            else:
+                after = self._match[i + available] if self._after is None or not available else self._after[0][i]
+                accepted = available + min(size - available, after)
         elif self._accept is None:
             accepted = min(size, self._match[i])
         else:

@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from conftest import flat_profile, tiny_llama
 from safetensors.torch import load_file, save_file
 
 from adaptive.cached_model import CachedModel
+from adaptive.copy_draft import CopyDraft, PromptLookupDraft
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.drafts import draft_session, target_taps
 from adaptive.eagle3 import Eagle3Config, Eagle3Head, load_head, rotary, save_head
 from adaptive.recorder import draft_trace, record
+from adaptive.traces import TraceSet
 from adaptive.tree import DraftTree, TreeShape, grow_level
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.tree_traces import record_trees
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
 from envs.tree_replay import TreeReplayBackend
+from lab.distill_eagle3 import unrolled_loss
+from lab.draft_training import draft_log_probs, target_states
 from policies import make_policy
 
 VOCAB_IDS = torch.tensor([0, 1, 2, 3, 5, 8, 9, 12, 13, 15])
@@ -196,6 +202,76 @@ def test_replay_of_a_heads_traces_accepts_what_live_decoding_accepts(eagle_head,
         live = SpeculativeDecoder(target, eagle_head, make_policy(spec), max_depth=6).generate(prompt, 30)
         assert [(c.drafted, c.accepted, c.emitted) for c in episode.cycles] == [(r.drafted, r.accepted, r.emitted) for r in live.rounds]
     assert sum(c.accepted for e in replayed for c in e.cycles) > 0
+
+
+COPY_PROMPTS = [[15, 0, 9, 4, 2, 11, 15, 0, 9], [1, 2, 3, 1, 2], [7, 7, 7, 7], [3, 8, 5, 3, 8, 5, 3], [1, 4, 6], [9, 2, 2, 5, 11]]
+
+
+@pytest.fixture(scope="module")
+def trained_head(target):
+    """A head trained briefly (60 steps, training-time test over 3 steps) on the tiny target's greedy outputs:
+    it drafts well, so what it drafts after copied tokens read from its own states matters."""
+    torch.manual_seed(11)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 16, layer_ids=(0, 1, 2)), target.get_input_embeddings()).to(target.dtype)
+    head.set_vocabulary(torch.arange(16))
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 16, (6,), generator=generator).tolist() for _ in range(32)]
+    tokens = torch.tensor([p + generate_plain(target, p, 40).token_ids for p in prompts])
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 5:-1] = True
+    aux, final = target_states(target, tokens, torch.ones_like(tokens), (0, 1, 2))
+    teacher = draft_log_probs(final, target.get_output_embeddings().weight)
+    optimiser = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(60):
+        loss, _ = unrolled_loss(head, tokens, aux, teacher, mask, 3, 0.8)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def head_copy_traces(trained_head, target):
+    decoder = SpeculativeDecoder(target, trained_head, make_policy("static:1"))
+    rows = [{"id": str(i), "lang": "en"} for i in range(len(COPY_PROMPTS))]
+    return record(decoder, rows, COPY_PROMPTS, 40, depth=8, metadata={}, copy=CopyDraft(min_match=1))
+
+
+@pytest.mark.parametrize("drafter", ["copy", "prompt lookup"])
+@pytest.mark.parametrize("spec", ["static:4:copy+model", "static:6:copy+model", "static:8:copy+model", "static:3:copy", "suffix"])
+def test_replay_of_a_heads_copy_rounds_reproduces_live_rounds(head_copy_traces, trained_head, target, drafter, spec):
+    """A head reads a copy+model round's copied tokens from its own states: replay takes the chain recorded
+    after them, and every round's drafted, verified, accepted and emitted tokens equal live decoding's, with
+    the copy drafter or prompt lookup beside the head. (Replaying the head's chain at t + a instead, as for
+    drafts that read only tokens, misses live rounds here: see the next test.)"""
+    traces, copy = (
+        (head_copy_traces, CopyDraft(min_match=1)) if drafter == "copy" else (head_copy_traces.with_lookup_as_copy(), PromptLookupDraft(num_tokens=8))
+    )
+    episodes = run_policy(ReplayBackend(traces, flat_profile(), max_depth=8), make_policy(spec), list(range(len(COPY_PROMPTS))), decision_seconds=0.0)
+    decoder = SpeculativeDecoder(target, trained_head, make_policy(spec), max_depth=8, copy=copy)
+    for prompt, episode in zip(COPY_PROMPTS, episodes, strict=True):
+        live = decoder.generate(prompt, 40).rounds
+        assert [(c.drafted, c.verified, c.accepted, c.emitted) for c in episode.cycles] == [(r.drafted, r.verified, r.accepted, r.emitted) for r in live]
+
+
+def test_a_heads_chain_after_copied_tokens_is_not_its_chain_at_that_position(head_copy_traces, trained_head, target, tmp_path):
+    """Where the copied tokens all match, the head's chain after reading them itself is mostly not the one it
+    drafts from the target's states at t + a, and replaying the latter misses live rounds; a file keeps it."""
+    lookup = head_copy_traces.with_lookup_as_copy()
+    chains = lookup.copy
+    reached = np.nonzero(chains.after_match >= 0)[0]
+    there = reached + chains.available[reached]  # the same prompt: only rounds that reach the model are recorded
+    assert len(reached) >= 20 and (chains.after_match[reached] > 0).mean() > 0.5
+    assert (chains.after_match[reached] != head_copy_traces.match[there]).mean() > 0.5
+    former = replace(lookup, copy=replace(chains, after_match=None, after_features=None))
+    episodes = run_policy(ReplayBackend(former, flat_profile(), max_depth=8), make_policy("static:8:copy+model"), list(range(len(COPY_PROMPTS))), 0.0)
+    decoder = SpeculativeDecoder(target, trained_head, make_policy("static:8:copy+model"), max_depth=8, copy=PromptLookupDraft(num_tokens=8))
+    missed = [[c.accepted for c in e.cycles] != [r.accepted for r in decoder.generate(p, 40).rounds] for p, e in zip(COPY_PROMPTS, episodes)]
+    assert any(missed)
+    head_copy_traces.save(tmp_path / "traces.npz")
+    reloaded = TraceSet.load(tmp_path / "traces.npz")
+    np.testing.assert_array_equal(reloaded.copy.after_match, head_copy_traces.copy.after_match)
+    np.testing.assert_allclose(reloaded.lookup.after_features, head_copy_traces.lookup.after_features, atol=1e-3)
 
 
 def test_a_heads_tree_traces_replay_live_tree_rounds(eagle_head, target):
