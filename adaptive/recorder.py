@@ -155,26 +155,31 @@ def _rollouts(
 
 
 @torch.inference_mode()
-def head_chains_after_copies(target: PreTrainedModel, head: nn.Module, prompt: list[int], output: list[int], chains: CopyTrace) -> CopyTrace:
-    """``chains`` with a draft head's chain in every copy+model round whose copied tokens all match the
-    output (:attr:`CopyTrace.after_match`, :attr:`CopyTrace.after_features`): the head reads the a copied
-    tokens as the live decoder feeds them, the first from the target's state before it and the rest from its
-    own, then drafts the round's remaining K - a steps. All such positions of a prompt in one batched forward
-    per step."""
-    n, p, depth = len(output), len(prompt), chains.features.shape[1]
-    after_match = np.full(n, -1, dtype=np.int64)
-    after_features = np.zeros((n, depth, FEATURES), dtype=np.float32)
-    rows = [t for t in range(n) if 1 <= chains.available[t] == chains.match[t] < depth and t + chains.available[t] < n]
-    if rows:
+def head_chains_after_copies(target: PreTrainedModel, head: nn.Module, prompt: list[int], output: list[int], chains: Sequence[CopyTrace]) -> list[CopyTrace]:
+    """Each of ``chains`` (e.g. the copy drafter's and prompt lookup's) with a draft head's chain in every
+    copy+model round whose copied tokens all match the output (:attr:`CopyTrace.after_match`,
+    :attr:`CopyTrace.after_features`): the head reads the a copied tokens as the live decoder feeds them, the
+    first from the target's state before it and the rest from its own, then drafts the round's remaining
+    K - a steps. One teacher-forced pass, then all such rounds of every chain kind in one batched forward per step."""
+    n, p = len(output), len(prompt)
+    rounds = [  # (chain kind, t, copied tokens a) of the rounds that reach the model after matching copies
+        (c, t, int(chain.available[t]))
+        for c, chain in enumerate(chains)
+        for t in range(n)
+        if 1 <= chain.available[t] == chain.match[t] < chain.features.shape[1] and t + chain.available[t] < n
+    ]
+    after = [(np.full(n, -1, dtype=np.int64), np.zeros(chain.features.shape, dtype=np.float32)) for chain in chains]
+    if rounds:
+        depth = max(chain.features.shape[1] for chain in chains)
         session, _ = teacher_forced(target, head, prompt + output)
-        copied = [int(chains.available[t]) for t in rows]
-        forced = [output[t + 1 : t + a] for t, a in zip(rows, copied)]
-        features, drafted, _ = _rollouts(session, [p + t for t in rows], [output[t] for t in rows], depth - 1, forced=forced)
-        for row, (t, a) in enumerate(zip(rows, copied)):
-            after_features[t, : depth - a] = features[row, a - 1 :]
-            proposal, truth = drafted[row, a - 1 :].tolist(), output[t + a : t + depth]
-            after_match[t] = next((j for j, (x, y) in enumerate(zip(proposal, truth)) if x != y), min(len(proposal), len(truth)))
-    return replace(chains, after_match=after_match, after_features=after_features)
+        forced = [output[t + 1 : t + a] for _, t, a in rounds]
+        features, drafted, _ = _rollouts(session, [p + t for _, t, _ in rounds], [output[t] for _, t, _ in rounds], depth - 1, forced=forced)
+        for row, (c, t, a) in enumerate(rounds):
+            k = chains[c].features.shape[1] - a  # the model steps left in the round
+            after[c][1][t, :k] = features[row, a - 1 : a - 1 + k]
+            proposal, truth = drafted[row, a - 1 : a - 1 + k].tolist(), output[t + a : t + a + k]
+            after[c][0][t] = next((j for j, (x, y) in enumerate(zip(proposal, truth)) if x != y), min(len(proposal), len(truth)))
+    return [replace(chain, after_match=m, after_features=f) for chain, (m, f) in zip(chains, after)]
 
 
 def copy_trace(copy: CopyDraft | PromptLookupDraft, vocab_size: int, prompt: list[int], output: list[int], depth: int) -> CopyTrace:
@@ -283,7 +288,7 @@ def record(
             vocab = output_vocab_size(decoder.target.model)
             chains = copy_trace(copy, vocab, ids, y, depth), copy_trace(lookup, vocab, ids, y, depth)
             if target_taps(decoder.draft.model) is not None:  # a head: its chain after copied tokens is its own
-                chains = tuple(head_chains_after_copies(decoder.target.model, decoder.draft.model, ids, y, c) for c in chains)
+                chains = head_chains_after_copies(decoder.target.model, decoder.draft.model, ids, y, chains)
             copies.append(chains[0])
             lookups.append(chains[1])
         outputs.append(np.array(y, dtype=np.int32))

@@ -205,9 +205,15 @@ class ReplayBackend(TraceReplay):
             self._exhausted = True
             return None
         self._depth += 1
-        if self._after is not None and 0 < available == self._copy_match[i]:  # after a copied token: the head's own chain
-            return (*self._after[1][i][step - available], 0)
-        return (*self._features[i + available][step - available], 0)
+        return (*self._chain_after_copies(i, available)[1][step - available], 0)
+
+    def _chain_after_copies(self, i: int, available: int) -> tuple[int, list]:
+        """The model's chain (match, step features) in a copy+model round at flat position i after the copy
+        drafter's ``available`` proposals: a head's own chain after them where it was recorded (all copied
+        tokens matched), else the model's chain at i + available."""
+        if self._after is not None and 0 < available == self._copy_match[i]:
+            return self._after[0][i], self._after[1][i]
+        return self._match[i + available], self._features[i + available]
 
     def lookahead(self, source: str, depth: int) -> Cycle:
         """The round that drafting ``depth`` tokens with ``source`` (fewer if it runs out) and verifying them
@@ -238,8 +244,7 @@ class ReplayBackend(TraceReplay):
             if size <= available or copied < available:
                 accepted = min(size, copied)
             else:
-                after = self._match[i + available] if self._after is None or not available else self._after[0][i]
-                accepted = available + min(size - available, after)
+                accepted = available + min(size - available, self._chain_after_copies(i, available)[0])
         elif self._accept is None:
             accepted = min(size, self._match[i])
         else:
