@@ -102,6 +102,12 @@ class RoundStats:
     """What drafted the round (:data:`SOURCES`)."""
 
     @property
+    def rejected(self) -> bool:
+        """Whether the target rejected a token of the round's draft: acceptance stopped short of the drafted
+        chain's verified prefix, or of a tree's depth (a tree verifies more nodes than its path can hold)."""
+        return self.accepted < min(self.verified, self.drafted)
+
+    @property
     def total_time(self) -> float:
         """Draft + verify + policy time of the round."""
         return self.draft_time + self.verify_time + self.policy_time

@@ -59,7 +59,7 @@ def main() -> None:
                 "identical": result.token_ids == plain.token_ids,
                 "accepted": sum(r.accepted for r in result.rounds),
                 "verified": sum(r.verified for r in result.rounds),
-                "rejections": sum(1 for r in result.rounds if r.accepted < r.verified),
+                "rejections": sum(r.rejected for r in result.rounds),
                 "tokens": len(result.token_ids),
                 "rounds": len(result.rounds),
                 "plain_seconds": plain.total_time,

@@ -3,7 +3,8 @@
 Compared, on the same prompts (chat format), the same number of new tokens and the same dtype: plain target
 decoding; our decoder with static γ = 1..8, each baseline policy and any learned policy given by path;
 transformers `generate(assistant_model=…)` with its heuristic schedule and with its default confidence
-threshold (0.4), where the draft is a transformers model (an EAGLE-3 head is not); with --generate-route, each
+threshold (0.4), with every draft of the run that is a transformers model (an EAGLE-3 head is not); with --tree,
+each policy also with draft trees (greedy); with --generate-route, each
 policy also through transformers' own generate() (custom_generate=adaptive.integrations.transformers.generate). For every prompt all
 configurations run back to back (interleaved), so machine noise spreads over all of them. Reported per
 language: tokens/s (total emitted tokens / total time), speedup over plain, mean tokens per round τ (ours),
@@ -11,12 +12,13 @@ the per-token acceptance α = accepted / (accepted + rejections) (ours), and whe
 plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:mod:`adaptive.divergence`).
 
 Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--repeats 2] [--temperatures 0,0.7] [--dtype auto]
-     [--draft DIR] [--also-draft NAME=DIR ...] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy] [--copy]
-     [--generate-route]
+     [--draft DIR] [--also-draft NAME=DIR ...] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy|every] [--copy]
+     [--tree K,W,V] [--generate-route]
 (--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft; --also-draft: every
 policy also with this draft, in the same interleaved run — "POLICY [NAME]" — to compare drafts; --copy: a copy
 drafter beside the draft for every policy, so policies with a source — static:G:copy, static:G:copy+model,
-suffix — can use it, plus transformers' prompt-lookup rule as a drafter of its own, drafting to its cap of 10.)
+suffix — can use it, plus transformers' prompt-lookup rule as a drafter of its own, drafting to its cap of 10; --tree:
+a tree round counts as a rejection when its accepted path stops short of the tree's depth.)
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from adaptive.integrations.transformers import generate as route_generate
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_draft_for, load_pair_from_paths
 from adaptive.profiling import hardware_description
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS
 from lab import live_protocol
 from lab.report import format_table
@@ -52,20 +56,20 @@ HF_MODES = {
 
 
 class Assisted:
-    """transformers' ``generate(assistant_model=…)`` in one of its modes, as a decoder the live protocol runs."""
+    """transformers' ``generate(assistant_model=draft)`` in one of its modes, as a decoder the live protocol runs."""
 
-    def __init__(self, pair, mode: dict, sampling: SamplingConfig) -> None:
-        self.pair, self.mode, self.sampling = pair, mode, sampling
+    def __init__(self, pair, draft: PreTrainedModel, mode: dict, sampling: SamplingConfig) -> None:
+        self.pair, self.draft, self.mode, self.sampling = pair, draft, mode, sampling
 
     def generate(self, ids: list[int], new_tokens: int, seed: int = 0) -> GenerationResult:
         for key, value in self.mode.items():
-            setattr(self.pair.draft.generation_config, key, value)
+            setattr(self.draft.generation_config, key, value)
         torch.manual_seed(seed)
         sampled = {"do_sample": True, "temperature": self.sampling.temperature, "top_k": None}
         start = time.perf_counter()
         out = self.pair.target.generate(
             torch.tensor([ids]),
-            assistant_model=self.pair.draft,
+            assistant_model=self.draft,
             max_new_tokens=new_tokens,
             pad_token_id=self.pair.tokenizer.eos_token_id,
             **({"do_sample": False} if self.sampling.is_greedy else sampled),
@@ -100,13 +104,15 @@ class GenerateRoute:
 
 def run(args: argparse.Namespace) -> dict:
     pair = load_pair_from_paths(smollm2_folder(), args.draft, args.dtype) if args.draft else load_pair(args.pair, args.dtype)
-    hf_draft = isinstance(pair.draft, PreTrainedModel)
-    if args.transformers and not hf_draft:
-        print(f"transformers' assisted generation needs a transformers draft; {type(pair.draft).__name__} is not: skipped")
-    tasks = COPY_TASKS if args.task == "copy-heavy" else (args.task,) if args.task else None
+    tasks = {"copy-heavy": COPY_TASKS, "every": TASKS, None: None}.get(args.task, (args.task,))
     prompts, ids = live_protocol.first_prompts(pair, args.split, args.per_language, tasks)
     copy = CopyDraft() if args.copy else None
     extra = {name: load_draft_for(pair.target, folder, pair.tokenizer, args.dtype) for name, folder in args.also_draft}
+    drafts = {"": pair.draft} | {f" [{name}]": draft for name, draft in extra.items()}
+    """Every draft of the run by the suffix its configurations carry ("" for the pair's own)."""
+    hf_drafts = {suffix: draft for suffix, draft in drafts.items() if isinstance(draft, PreTrainedModel)}
+    if args.transformers and not hf_drafts:
+        print(f"transformers' assisted generation needs a transformers draft; {type(pair.draft).__name__} is not: skipped")
     report = {
         "pair": pair.name,
         "hardware": hardware_description(pair.target.device),
@@ -119,26 +125,27 @@ def run(args: argparse.Namespace) -> dict:
         "also_drafts": {name: f"{type(draft).__name__} from {folder}" for (name, folder), draft in zip(args.also_draft, extra.values())},
         "task": args.task or "all",
         "copy": args.copy,
+        "tree": str(args.tree) if args.tree else None,
         "runs": {},
     }
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
         decoders = {
-            spec: (
-                lambda spec=spec, sampling=sampling: SpeculativeDecoder(
-                    pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, copy=copy
+            f"{spec}{suffix}": (
+                lambda spec=spec, draft=draft, sampling=sampling: SpeculativeDecoder(
+                    pair.target, draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, copy=copy
                 )
             )
+            for suffix, draft in drafts.items()
             for spec in args.policies
         }
-        for name, draft in extra.items():
+        if args.tree and sampling.is_greedy:
             decoders.update(
                 {
-                    f"{spec} [{name}]": (
-                        lambda spec=spec, draft=draft, sampling=sampling: SpeculativeDecoder(
-                            pair.target, draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, copy=copy
-                        )
+                    f"{spec}, tree {args.tree.branching},{args.tree.width},{args.tree.size}{suffix}": (
+                        lambda spec=spec, draft=draft: TreeDecoder(pair.target, draft, make_policy(spec), args.tree, tokenizer=pair.tokenizer)
                     )
+                    for suffix, draft in drafts.items()
                     for spec in args.policies
                 }
             )
@@ -148,8 +155,14 @@ def run(args: argparse.Namespace) -> dict:
             )
         if args.generate_route:
             decoders.update({f"generate() + {spec}": (lambda spec=spec, sampling=sampling: GenerateRoute(pair, spec, sampling)) for spec in args.policies})
-        if args.transformers and hf_draft:
-            decoders.update({name: (lambda mode=mode, sampling=sampling: Assisted(pair, mode, sampling)) for name, mode in HF_MODES.items()})
+        if args.transformers:
+            decoders.update(
+                {
+                    f"{name}{suffix}": (lambda draft=draft, mode=mode, sampling=sampling: Assisted(pair, draft, mode, sampling))
+                    for suffix, draft in hf_drafts.items()
+                    for name, mode in HF_MODES.items()
+                }
+            )
         live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, sampling.describe(), sampling, args.seed)
         if sampling.is_greedy:
             for name, rows in live.items():
@@ -207,6 +220,13 @@ def summarise(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _tree_shape(spec: str) -> TreeShape:
+    try:
+        return TreeShape.parse(spec)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="smollm2-135m")
@@ -232,11 +252,23 @@ def main() -> None:
         action="store_true",
         help="also each policy through transformers' generate(custom_generate=adaptive.integrations.transformers.generate)",
     )
-    parser.add_argument("--task", choices=[*TASKS, "copy-heavy"], help="only this task type (copy-heavy: the four whose answers copy the prompt)")
+    parser.add_argument(
+        "--task",
+        choices=[*TASKS, "copy-heavy", "every"],
+        help="only this task type (copy-heavy: the four whose answers copy the prompt; every: all eight by turns, 8 prompts per language cover each once)",
+    )
+    parser.add_argument(
+        "--tree",
+        type=_tree_shape,
+        metavar="K,W,V",
+        help="every policy also with draft trees of this shape (branching, width, verified nodes), greedy runs only; not with --copy",
+    )
     parser.add_argument("--copy", action="store_true", help="a copy drafter beside the draft (for source-aware policies) and transformers' prompt lookup")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pair_speedup"))
     args = parser.parse_args()
+    if args.tree and args.copy:
+        parser.error("--tree drafts with the model only; it cannot be combined with --copy")
     report = run(args)
     table = summarise(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -118,7 +118,7 @@ def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:
         "rounds": len(median.rounds),
         "ttft": statistics.median(r.first_token_time for r, _ in runs),
         "accepted": sum(r.accepted for r in median.rounds),
-        "rejections": sum(r.accepted < r.verified for r in median.rounds),
+        "rejections": sum(r.rejected for r in median.rounds),
         "gaps": [r.total_time / r.emitted for r in median.rounds for _ in range(r.emitted)],
         "token_ids": list(median.token_ids),
         "identical": all(r.token_ids == plain_tokens for r, _ in runs),
