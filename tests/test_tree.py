@@ -248,3 +248,12 @@ def test_the_tree_decoder_has_the_chain_decoders_step_api(target, near_draft):
         generation = decoder.start(PROMPT, 2)  # a 2-token budget caps the round at depth 1
         generation.draft_step()
         generation.draft_step()
+
+
+def test_a_tree_round_is_rejected_only_when_its_path_stops_short_of_the_trees_depth(target, near_draft):
+    rounds = TreeDecoder(target, near_draft, make_policy("static:4"), TreeShape(4, 4, 12), max_depth=4).generate(PROMPT, 48).rounds
+    assert any(r.verified > r.drafted for r in rounds)  # more nodes verified than a path can hold
+    assert [r.rejected for r in rounds] == [r.accepted < r.drafted for r in rounds]
+    assert any(r.rejected for r in rounds) and any(not r.rejected and r.accepted < r.verified for r in rounds)
+    chain = SpeculativeDecoder(target, near_draft, make_policy("static:4"), max_depth=4).generate(PROMPT, 48).rounds
+    assert [r.rejected for r in chain] == [r.accepted < r.verified for r in chain]
