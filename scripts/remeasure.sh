@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Re-measure what the README quotes for the default pair (issue 13, item 5), as one resumable job:
+# profiles, every trace file, the shipped experiments' policies and the batch policy, the evaluations, the
+# README's benchmarks and the load test. Run it after the default pair's draft changes, with nothing else on
+# the machine (every number is wall-clock):
+#
+#   nohup bash scripts/remeasure.sh [STAGE ...] > /tmp/remeasure.log 2>&1 &
+#
+# STAGE: profiles traces policies evaluations benchmarks load (default: all six, in this order; later stages
+# read what earlier ones wrote). Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked
+# done (STAGE-NAME.done) when it exits 0, so a killed run continues where it stopped; delete a .done file to
+# redo that step. DTYPE (default auto) is the precision of every step; DRY_RUN=1 prints the steps only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+A=.venv/bin/adaptive
+PY=.venv/bin/python
+PAIR=smollm2-135m
+DTYPE=${DTYPE:-auto}
+LOG=benchmarks/results/remeasure
+STAGES=(profiles traces policies evaluations benchmarks load)
+mkdir -p "$LOG"
+
+step() {
+  # step NAME COMMAND...: run COMMAND once (skipped when NAME.done exists), its output in NAME.log.
+  local name="$STAGE-$1"
+  shift
+  if [[ -e "$LOG/$name.done" ]]; then
+    echo "done already: $name"
+    return
+  fi
+  echo "$(date -u +%FT%TZ) $name: $*"
+  [[ -n "${DRY_RUN:-}" ]] && return
+  local start=$SECONDS
+  "$@" > "$LOG/$name.log" 2>&1 || { echo "FAILED: $name (exit $?; see $LOG/$name.log)"; exit 1; }
+  echo "$(date -u +%FT%TZ) $name: done in $((SECONDS - start)) s" | tee "$LOG/$name.done"
+}
+
+profiles() {
+  step chain $A profile --pair $PAIR --dtype "$DTYPE" --out profiles/$PAIR.json
+  step tree $A profile --pair $PAIR --dtype "$DTYPE" --tree-mask --max-verify 64 --out profiles/$PAIR-tree.json
+  step batched $A profile --pair $PAIR --dtype "$DTYPE" --batches 1,2,4,8,16 --max-verify 7 --out profiles/$PAIR-batch.json
+}
+
+traces() {
+  local split
+  for split in val train test; do
+    step "$split" $A record --pair $PAIR --dtype "$DTYPE" --split "$split"
+  done
+  step test-copy $A record --pair $PAIR --dtype "$DTYPE" --depth 8 --copy --split test --out data/traces/$PAIR-test-copy.npz
+  for split in train val; do
+    step "$split-copy" $A record --pair $PAIR --dtype "$DTYPE" --depth 8 --copy --split "$split" --task all --per-language 40 \
+      --out data/traces/$PAIR-$split-copy.npz
+  done
+  step test-tree $A record --pair $PAIR --dtype "$DTYPE" --split test --tree 4,4,8 --depth 6
+  step val-tree $A record --pair $PAIR --dtype "$DTYPE" --split val --tree 4,4,8 --depth 6
+  step train-tree $A record --pair $PAIR --dtype "$DTYPE" --split train --tree 4,4,8 --depth 6 --per-language 100
+  step test-t0.7 $A record --pair $PAIR --dtype "$DTYPE" --split test --per-language 8 --temperature 0.7 --samples 4 --depth 8 \
+    --out data/traces/$PAIR-test-t0.7.npz
+}
+
+policies() {
+  local config
+  for config in quickstart tree copy copy-model-only cotrain; do
+    step "$config" $A train experiments/$config.yaml --profile profiles/$PAIR.json
+  done
+  step batch $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --out runs/batch-rounds
+}
+
+evaluations() {
+  step quickstart $A evaluate experiments/quickstart.yaml --policy runs/quickstart-latest --profile profiles/$PAIR.json --live-per-language 2
+  step tree $A evaluate experiments/tree.yaml --policy runs/tree-latest --policy runs/quickstart-latest \
+    --profile profiles/$PAIR-tree.json --live-per-language 2
+  step copy $A evaluate experiments/copy.yaml --policy runs/copy-sources-latest --policy runs/copy-model-only-latest \
+    --profile profiles/$PAIR.json --live-per-language 12
+}
+
+benchmarks() {
+  step pair-speedup $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0,0.7 \
+    --policies static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,runs/quickstart-latest \
+    --tree 4,4,8 --out benchmarks/results/pair_speedup
+  step generate-route $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 2 --repeats 2 --temperatures 0 \
+    --policies heuristic,static:2,runs/quickstart-latest --generate-route --out benchmarks/results/generate_route
+  step copy-heavy $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --temperatures 0 --per-language 4 --repeats 2 --no-transformers \
+    --task copy-heavy --copy --policies static:2,static:4,static:8:copy,static:4:copy+model,suffix --out benchmarks/results/copy_sources_copyheavy
+  step copy-general $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --temperatures 0 --per-language 2 --repeats 2 --no-transformers \
+    --copy --policies static:2,static:4,static:8:copy,static:4:copy+model,suffix --out benchmarks/results/copy_sources_general
+  # the replay benchmarks decode at their traces' dtype
+  step replay-vs-live $PY benchmarks/replay_vs_live.py --per-language 2
+  step replay-vs-live-t0.7 $PY benchmarks/replay_vs_live.py --traces data/traces/$PAIR-test-t0.7.npz --per-language 8 --repeats 4 \
+    --out benchmarks/results/replay_vs_live_t0.7
+  step tree-replay-vs-live $PY benchmarks/tree_replay_vs_live.py --per-language 2
+  step greedy-identity $PY benchmarks/greedy_identity.py --dtype float32 --new-tokens 48 --policy static:3
+}
+
+load() {
+  step static $A loadtest --pair $PAIR --dtype "$DTYPE" --policy static:1 --policy static:2 --policy static:3 --policy static:4 \
+    --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out loadtests/static
+  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --concurrency 1,2,4,8 --requests 16 --out loadtests/learned
+}
+
+chosen=("$@")
+[[ ${#chosen[@]} -eq 0 ]] && chosen=("${STAGES[@]}")
+for STAGE in "${chosen[@]}"; do
+  [[ " ${STAGES[*]} " == *" $STAGE "* ]] || { echo "unknown stage '$STAGE'; stages: ${STAGES[*]}"; exit 2; }
+done
+for STAGE in "${chosen[@]}"; do
+  echo "== $STAGE"
+  "$STAGE"
+done
+[[ -n "${DRY_RUN:-}" ]] && { echo "remeasure: dry run, nothing ran"; exit 0; }
+echo "remeasure: every step done; copy the numbers from $LOG and benchmarks/results into the README"
