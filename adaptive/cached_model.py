@@ -27,6 +27,16 @@ def output_vocab_size(model: PreTrainedModel) -> int:
     return int(model.config.vocab_size)
 
 
+def output_vocabulary(model: PreTrainedModel) -> torch.Tensor | None:
+    """The sorted target ids a reduced-vocabulary output head (a SubsetHead) scores, or None when it scores
+    every column (or its ids are not sorted): what :func:`adaptive.sampling.in_vocabulary` takes."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    ids = getattr(head, "token_ids", None)
+    if ids is None or len(ids) < 2 or not bool((ids[1:] > ids[:-1]).all()):
+        return None
+    return ids
+
+
 class CachedModel:
     """Wraps a transformers causal LM and one DynamicCache for batch-1 incremental decoding.
 
@@ -43,6 +53,8 @@ class CachedModel:
         self.dtype = next(model.parameters()).dtype
         self.cache_keyword = cache_keyword(model)
         self.taps = taps
+        self.vocabulary = output_vocabulary(model)
+        """Sorted target ids of the columns the model scores, the others -inf (None: it scores all)."""
         self.reset()
 
     def reset(self) -> None:

@@ -125,6 +125,7 @@ class CopySession:
     draw from them; :attr:`match_lengths` holds, per token read, the length of the match its row came from."""
 
     deterministic = True
+    vocabulary = None
 
     def __init__(self, draft: CopyDraft, vocab_size: int, device: torch.device) -> None:
         self.model, self.vocab_size, self.device = draft, vocab_size, device
@@ -202,6 +203,7 @@ class PromptLookupSession:
     proposes with logit 0 at its token and −inf elsewhere (−inf everywhere: nothing to propose)."""
 
     deterministic = True
+    vocabulary = None
 
     def __init__(self, draft: PromptLookupDraft, vocab_size: int, device: torch.device) -> None:
         self.model, self.vocab_size, self.device = draft, vocab_size, device

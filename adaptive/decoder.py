@@ -20,7 +20,7 @@ from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
 from adaptive.drafts import Draft, draft_session
 from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
-from adaptive.sampling import GREEDY, SamplingConfig, draft_features, proposal_distribution, sample, sampling_distribution
+from adaptive.sampling import GREEDY, SamplingConfig, draft_features, in_vocabulary, proposal_distribution, sample, sampling_distribution, target_ids
 from adaptive.verification import CorrectionRule, residual_correction, verify_drafts
 
 
@@ -87,6 +87,7 @@ class ChainGeneration(Generation):
         super()._begin_round()
         self._drafted = _DraftedRound()
         self._deferred_logits: list[torch.Tensor] = []
+        self._deferred_vocabularies: list[torch.Tensor | None] = []
         self._context_row: torch.Tensor | None = None
         """The last row of a draft session that read the context before the round drafted (choose_source)."""
         self._copy_done = False
@@ -151,10 +152,12 @@ class ChainGeneration(Generation):
             sampled = sample(drafted.q_rows[-1], self.decoder.generator)
         match = draft.match_lengths[-1] if draft.deterministic else 0
         if features:
-            steps.append(replace(_draft_steps(logits[None], None if sampled is None else sampled[None], steps)[0], match_length=match))
+            steps.append(replace(_draft_steps(logits[None], None if sampled is None else sampled[None], steps, draft.vocabulary)[0], match_length=match))
         else:
             self._deferred_logits.append(logits)
-            steps.append(DraftStep(int(logits.argmax() if sampled is None else sampled), *_NO_FEATURES, match, math.nan))
+            self._deferred_vocabularies.append(draft.vocabulary)
+            top = target_ids(in_vocabulary(logits, draft.vocabulary).argmax(), draft.vocabulary)
+            steps.append(DraftStep(int(top if sampled is None else sampled), *_NO_FEATURES, match, math.nan))
         drafted.draft_time += clock() - t0
         return steps[-1]
 
@@ -165,8 +168,10 @@ class ChainGeneration(Generation):
             logits = torch.stack(self._deferred_logits)
             tokens = torch.tensor([s.token for s in self._drafted.steps], device=logits.device)
             matches = [step.match_length for step in self._drafted.steps]
-            self._drafted.steps = [replace(step, match_length=m) for step, m in zip(_draft_steps(logits, tokens, []), matches)]
-            self._deferred_logits = []
+            first, *rest = self._deferred_vocabularies
+            vocabulary = first if all(v is first for v in rest) else None  # a copy+model round mixes two drafts
+            self._drafted.steps = [replace(step, match_length=m) for step, m in zip(_draft_steps(logits, tokens, [], vocabulary), matches)]
+            self._deferred_logits, self._deferred_vocabularies = [], []
             self._drafted.draft_time += self.decoder.clock() - t0
         return self.state()
 
@@ -232,11 +237,12 @@ _NO_FEATURES = (math.nan, math.nan, math.nan, math.nan)
 """Placeholder features while drafting for a policy that does not read them (filled in after drafting)."""
 
 
-def _draft_steps(logits: torch.Tensor, tokens: torch.Tensor | None, previous: list[DraftStep]) -> list[DraftStep]:
-    """DraftSteps for ``[n, V]`` logits, continuing the cumulative log-probability of ``previous``."""
+def _draft_steps(logits: torch.Tensor, tokens: torch.Tensor | None, previous: list[DraftStep], vocabulary: torch.Tensor | None) -> list[DraftStep]:
+    """DraftSteps for ``[n, V]`` logits (of a draft scoring ``vocabulary``), continuing the cumulative
+    log-probability of ``previous``."""
     cumulative = previous[-1].cumulative_log_prob if previous else 0.0
     steps = []
-    for token, top1, entropy, log_prob, margin in draft_features(logits, tokens):
+    for token, top1, entropy, log_prob, margin in draft_features(logits, tokens, vocabulary):
         cumulative += log_prob
         steps.append(DraftStep(token, top1, entropy, log_prob, cumulative, margin=margin))
     return steps

@@ -3,7 +3,8 @@
 A decoder drives its draft through a cached session with the same surface as :class:`CachedModel`:
 ``length`` (tokens consumed), ``forward(token_ids)`` (logits over the target's vocabulary for each fed
 token's next token), ``rollback(length)``, ``reset()``, ``begin_round()`` (called as each round starts) and
-``can_draft(confirmed)`` (whether the draft can propose after that many confirmed tokens); for trees and
+``can_draft(confirmed)`` (whether the draft can propose after that many confirmed tokens), ``vocabulary`` (the
+sorted target ids a reduced-vocabulary draft scores, or None: see :func:`adaptive.sampling.in_vocabulary`); for trees and
 batched rollouts also ``forward_masked(token_ids, positions, mask)`` and ``keep(columns)``.
 :func:`draft_session` picks the session for a draft:
 
@@ -84,6 +85,8 @@ class HeadSession:
         self.target = target
         self.device = head.d2t.device
         self.dtype = head.fc.weight.dtype
+        self.vocabulary = head.target_ids
+        """Sorted target ids of the columns the head scores (every other logit is -inf)."""
         self.reset()
 
     def reset(self) -> None:

@@ -87,7 +87,7 @@ def draft_trace(target: PreTrainedModel, draft: nn.Module, prompt: list[int], ou
     n, p = len(output), len(prompt)
     _check_prompt(draft, p)
     session, logits = teacher_forced(target, draft, prompt + output)
-    first = draft_features(logits[p - 1 : p - 1 + n])
+    first = draft_features(logits[p - 1 : p - 1 + n], vocabulary=session.vocabulary)
     first_tokens = [f[0] for f in first]
     features = np.zeros((n, depth, FEATURES), dtype=np.float32)
     features[:, 0] = [f[1:] for f in first]
@@ -144,7 +144,7 @@ def _rollouts(
             q = sampling_distribution(logits, sampling)
             chosen = sample(q, generator)
             probs.append(q.gather(-1, chosen[:, None])[:, 0])
-        step = draft_features(logits, chosen)
+        step = draft_features(logits, chosen, session.vocabulary)
         out[:, j] = [s[1:] for s in step]
         tokens = [s[0] for s in step]
         drafted.append(torch.tensor(tokens, device=session.device))
@@ -239,11 +239,11 @@ def sampled_trace(
     accept = acceptance_probabilities(draft_q, target_p, emitted)  # min(1, q_j(o_j) / p_j(o_j))
     rejected = sample(residual_correction(draft_q, target_p), generator)  # norm(max(q_j - p_j, 0)); unused where a_j = 1
     accepting = np.zeros((n, depth, FEATURES), dtype=np.float32)
-    along = np.array([f[1:] for f in draft_features(draft_logits, emitted)], dtype=np.float32)
+    along = np.array([f[1:] for f in draft_features(draft_logits, emitted, session.vocabulary)], dtype=np.float32)
     for k in range(depth):
         accepting[: n - k, k] = along[k:]
     rejecting = np.zeros((n, depth, FEATURES), dtype=np.float32)
-    rejecting[:, 0] = [f[1:] for f in draft_features(draft_logits, rejected)]
+    rejecting[:, 0] = [f[1:] for f in draft_features(draft_logits, rejected, session.vocabulary)]
     if depth > 1:
         rejecting[:, 1:] = _rollouts(session, [p + t for t in range(n)], rejected.tolist(), depth - 1, sampling, generator)[0]
     return accept.float().cpu().numpy(), accepting, rejecting

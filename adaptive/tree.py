@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from adaptive.cached_model import CachedModel
+from adaptive.sampling import in_vocabulary, target_ids
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,10 @@ class DraftTree:
     def depth(self) -> int:
         return self.nodes[-1].depth if self.nodes else 0
 
-    def add_children(self, parent: int, logits: torch.Tensor, branching: int) -> None:
-        """The ``branching`` most probable tokens of ``logits`` (one row) as children of ``parent``."""
-        self.add_ranked(parent, *(column[0] for column in rank_children(logits[None], branching)))
+    def add_children(self, parent: int, logits: torch.Tensor, branching: int, vocabulary: torch.Tensor | None = None) -> None:
+        """The ``branching`` most probable tokens of ``logits`` (one row; ``vocabulary``: the draft's, as
+        :func:`rank_children` takes it) as children of ``parent``."""
+        self.add_ranked(parent, *(column[0] for column in rank_children(logits[None], branching, vocabulary)))
 
     def add_ranked(self, parent: int, tokens: list[int], log_probs: list[float], top1: float, entropy: float, margin: float) -> None:
         """Children of ``parent`` from :func:`rank_children` output (one row)."""
@@ -113,18 +115,19 @@ class DraftTree:
 
 
 def rank_children(
-    logits: torch.Tensor, branching: int, chunk: int = 32
+    logits: torch.Tensor, branching: int, vocabulary: torch.Tensor | None = None, chunk: int = 32
 ) -> tuple[list[list[int]], list[list[float]], list[float], list[float], list[float]]:
     """For ``[R, V]`` draft logits: per row the ``branching`` most probable tokens, their log-probabilities
     (float64), the top-1 probability, the entropy in nats and the top-1 minus top-2 probability (``chunk``
-    rows at a time, to stay in cache)."""
+    rows at a time, to stay in cache). ``vocabulary``: the sorted target ids a reduced-vocabulary draft
+    scores, or None (:func:`~adaptive.sampling.in_vocabulary`; only speed depends on it)."""
     tokens, values, top1, entropy, margin = [], [], [], [], []
-    for rows in logits.split(chunk):
+    for rows in in_vocabulary(logits, vocabulary).split(chunk):
         log_probs = torch.log_softmax(rows.double(), dim=-1)
         probs = log_probs.exp()
         entropy += (-(probs * torch.where(probs > 0, log_probs, 0.0)).sum(dim=-1)).tolist()
         top = torch.topk(log_probs, min(max(2, branching), log_probs.shape[-1]), dim=-1)
-        tokens += top.indices[:, :branching].tolist()
+        tokens += target_ids(top.indices[:, :branching], vocabulary).tolist()
         values += top.values[:, :branching].tolist()
         best = top.values.exp()
         top1 += best[:, 0].tolist()
@@ -159,7 +162,7 @@ def grow_level(model: CachedModel, trees: list[DraftTree], contexts: list[int], 
     seconds = clock() - start
     for row, (t, i) in enumerate(rows):
         trees[t].slots[i] = cached + row
-    ranked = rank_children(logits, shape.branching)
+    ranked = rank_children(logits, shape.branching, model.vocabulary)
     for row, (t, i) in enumerate(rows):
         trees[t].add_ranked(i, *(column[row] for column in ranked))
     return seconds

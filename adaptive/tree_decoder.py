@@ -86,7 +86,7 @@ class TreeGeneration(Generation):
         if not tree.nodes:
             logits = draft.forward(self.tokens[draft.length :])[-1]
             self._forward_time += clock() - t0
-            tree.add_children(-1, logits, decoder.shape.branching)
+            tree.add_children(-1, logits, decoder.shape.branching, draft.vocabulary)
         else:
             self._forward_time += grow_level(draft, [tree], [len(self.tokens)], decoder.shape, clock)
         self._steps.append(_step(tree.best_at(tree.depth)))

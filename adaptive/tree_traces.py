@@ -119,7 +119,7 @@ def grow_trees(target: PreTrainedModel, draft: nn.Module, prompt: list[int], out
     model, logits = teacher_forced(target, draft, prompt + output)
     logits = logits[p - 1 : p - 1 + n]
     trees = [DraftTree() for _ in range(n)]
-    ranked = rank_children(logits, shape.branching)
+    ranked = rank_children(logits, shape.branching, model.vocabulary)
     for t, tree in enumerate(trees):
         tree.add_ranked(-1, *(column[t] for column in ranked))
     for _ in range(depth - 1):

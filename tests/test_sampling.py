@@ -122,3 +122,26 @@ def test_draft_features_margin_of_a_single_candidate():
     logits[2] = 0.0  # a copy drafter's row with one continuation
     ((token, top1, _, _, margin),) = draft_features(logits[None])
     assert (token, top1, margin) == (2, 1.0, 1.0)
+
+
+def _reduced_vocabulary_logits(rows: int, vocab: int, kept: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 logits scoring a sorted subset of ``kept`` of ``vocab`` tokens (-inf elsewhere), rounded so that
+    ties occur, and that subset."""
+    generator = torch.Generator().manual_seed(seed)
+    vocabulary = torch.randperm(vocab, generator=generator)[:kept].sort().values
+    logits = torch.full((rows, vocab), float("-inf"), dtype=torch.bfloat16)
+    logits[:, vocabulary] = (torch.randn(rows, kept, generator=generator) * 2).round().to(torch.bfloat16)
+    return logits, vocabulary
+
+
+def test_features_over_the_draft_vocabulary_equal_those_over_the_full_one():
+    logits, vocabulary = _reduced_vocabulary_logits(rows=16, vocab=300, kept=40, seed=3)
+    assert (logits == logits.max(dim=-1, keepdim=True).values).sum(dim=-1).gt(1).any()  # arg-max ties occur
+    greedy, reduced = draft_features(logits), draft_features(logits, vocabulary=vocabulary)
+    assert [row[0] for row in reduced] == [row[0] for row in greedy]  # the same token, ties included
+    assert torch.allclose(torch.tensor([row[1:] for row in reduced]), torch.tensor([row[1:] for row in greedy]), atol=1e-6)
+    outside = int(next(t for t in range(300) if t not in set(vocabulary.tolist())))
+    tokens = torch.cat((vocabulary[torch.arange(15) % 40], torch.tensor([outside])))  # sampled tokens, one with q = 0
+    full, fast = draft_features(logits, tokens), draft_features(logits, tokens, vocabulary)
+    assert [row[3] for row in fast][-1] == [row[3] for row in full][-1] == float("-inf")
+    assert torch.allclose(torch.tensor([row[3] for row in fast][:-1]), torch.tensor([row[3] for row in full][:-1]), atol=1e-6)

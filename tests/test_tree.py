@@ -257,3 +257,16 @@ def test_a_tree_round_is_rejected_only_when_its_path_stops_short_of_the_trees_de
     assert any(r.rejected for r in rounds) and any(not r.rejected and r.accepted < r.verified for r in rounds)
     chain = SpeculativeDecoder(target, near_draft, make_policy("static:4"), max_depth=4).generate(PROMPT, 48).rounds
     assert [r.rejected for r in chain] == [r.accepted < r.verified for r in chain]
+
+
+def test_ranking_children_over_the_draft_vocabulary_equals_ranking_over_the_full_one(subset_draft):
+    from conftest import SUBSET
+
+    from adaptive.tree import rank_children
+
+    assert CachedModel(subset_draft).vocabulary.tolist() == SUBSET
+    logits = CachedModel(subset_draft).forward(PROMPT)
+    full, reduced = rank_children(logits, 3), rank_children(logits, 3, torch.tensor(SUBSET))
+    assert reduced[0] == full[0] and all(set(tokens) <= set(SUBSET) for tokens in reduced[0])
+    for a, b in zip(full[1:], reduced[1:]):
+        assert torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), atol=1e-12)
