@@ -30,23 +30,29 @@ def _learning_rate(config: PPOConfig):
     return (lambda progress: rate * progress) if config.lr_schedule == "linear" else rate
 
 
+def _optimisation(config: PPOConfig) -> dict:
+    """The settings a new model and a continued one share."""
+    return {
+        "learning_rate": _learning_rate(config),
+        "n_steps": config.n_steps,
+        "batch_size": config.batch_size,
+        "n_epochs": config.n_epochs,
+        "gamma": config.gamma,
+        "gae_lambda": config.gae_lambda,
+        "ent_coef": config.ent_coef,
+        "clip_range": config.clip_range,
+    }
+
+
 def new_ppo(config: PPOConfig, env: SpecDecodeEnv, seed: int) -> PPO:
-    schedule = _learning_rate(config)
     return PPO(
         "MlpPolicy",
         env,
-        learning_rate=schedule,
-        n_steps=config.n_steps,
-        batch_size=config.batch_size,
-        n_epochs=config.n_epochs,
-        gamma=config.gamma,
-        gae_lambda=config.gae_lambda,
-        ent_coef=config.ent_coef,
-        clip_range=config.clip_range,
         policy_kwargs={"net_arch": {"pi": list(config.net), "vf": list(config.net)}},
         seed=seed,
         device="cpu",
         verbose=0,
+        **_optimisation(config),
     )
 
 
@@ -55,18 +61,6 @@ def load_ppo(config: PPOConfig, path: Path, env: SpecDecodeEnv) -> PPO:
     (so a linear learning-rate schedule starts from its peak)."""
     if not path.is_file():
         raise ValueError(f"cannot initialise from {path}: no such checkpoint")
-    schedule = _learning_rate(config)
-    model = PPO.load(
-        path,
-        env=env,
-        device="cpu",
-        learning_rate=schedule,
-        n_steps=config.n_steps,
-        batch_size=config.batch_size,
-        n_epochs=config.n_epochs,
-        gamma=config.gamma,
-        gae_lambda=config.gae_lambda,
-        ent_coef=config.ent_coef,
-    )
+    model = PPO.load(path, env=env, device="cpu", **_optimisation(config))
     model.num_timesteps = 0
     return model

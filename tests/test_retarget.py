@@ -91,3 +91,15 @@ def test_scaled_profile_identity_and_flat_verification():
 def test_cli_names_a_missing_profile(run, capsys):
     assert main(["retarget", str(run), "--profile", "nowhere.json"]) == 2
     assert "nowhere.json" in capsys.readouterr().err
+
+
+def test_a_continued_model_takes_the_new_configs_optimisation_settings(run):
+    from dataclasses import replace
+
+    from lab.environments import make_env
+    from lab.ppo import load_ppo
+
+    config = config_from_dict(replay_config("continued", init_from=str(run)))
+    settings = replace(config.depth_policy, clip_range=0.05, ent_coef=0.123, n_epochs=3)
+    model = load_ppo(settings, run / "checkpoints" / "depth.zip", make_env(config, "depth", None, CostProfile.load(PROFILE)))
+    assert (model.clip_range(1.0), model.ent_coef, model.n_epochs, model.num_timesteps) == (0.05, 0.123, 3, 0)
