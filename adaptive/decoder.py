@@ -20,7 +20,18 @@ from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
 from adaptive.drafts import Draft, draft_session
 from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
-from adaptive.sampling import GREEDY, SamplingConfig, draft_features, in_vocabulary, proposal_distribution, sample, sampling_distribution, target_ids
+from adaptive.sampling import (
+    GREEDY,
+    SamplingConfig,
+    arg_max,
+    draft_features,
+    greedy_token,
+    in_vocabulary,
+    proposal_distribution,
+    sample,
+    sampling_distribution,
+    target_ids,
+)
 from adaptive.verification import CorrectionRule, residual_correction, verify_drafts
 
 
@@ -156,7 +167,7 @@ class ChainGeneration(Generation):
         else:
             self._deferred_logits.append(logits)
             self._deferred_vocabularies.append(draft.vocabulary)
-            top = target_ids(in_vocabulary(logits, draft.vocabulary).argmax(), draft.vocabulary)
+            top = target_ids(arg_max(in_vocabulary(logits, draft.vocabulary)), draft.vocabulary)
             steps.append(DraftStep(int(top if sampled is None else sampled), *_NO_FEATURES, match, math.nan))
         drafted.draft_time += clock() - t0
         return steps[-1]
@@ -279,7 +290,7 @@ def generate_plain(
         t0 = clock()
         logits = model.forward(tokens[model.length :])[-1]
         t1 = clock()
-        token = int(sample(sampling_distribution(logits, sampling), generator))
+        token = greedy_token(logits) if sampling.is_greedy else int(sample(sampling_distribution(logits, sampling), generator))
         tokens.extend(output.emit([token]))
         t2 = clock()
         rounds.append(

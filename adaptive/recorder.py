@@ -37,7 +37,7 @@ from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, PromptLookupDraft, proposes
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft, HeadSession, draft_session, target_taps, teacher_forced
-from adaptive.sampling import GREEDY, STEP_FEATURES, SamplingConfig, draft_features, sample, sampling_distribution
+from adaptive.sampling import GREEDY, STEP_FEATURES, SamplingConfig, arg_max, draft_features, sample, sampling_distribution
 from adaptive.traces import CopyTrace, TraceSet
 from adaptive.tree import attention_mask
 from adaptive.verification import acceptance_probabilities, residual_correction
@@ -51,7 +51,7 @@ def teacher_forced_greedy(target: PreTrainedModel, prompt: list[int], output: li
     if not output:
         return 0
     logits = target(input_ids=torch.tensor([prompt + output], device=target.device)).logits[0, len(prompt) - 1 : -1]
-    agree = (logits.argmax(-1).cpu() == torch.tensor(output)).tolist() + [False]
+    agree = (arg_max(logits).cpu() == torch.tensor(output)).tolist() + [False]
     return agree.index(False)
 
 

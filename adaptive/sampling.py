@@ -100,8 +100,8 @@ def sampling_distribution(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
         check_logits(scores)
-    if config.is_greedy:  # arg-max in the model's own precision, before any cast
-        return torch.nn.functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).float()
+    if config.is_greedy:  # the arg-max of the model's own logits (widening them is exact)
+        return torch.nn.functional.one_hot(arg_max(scores), scores.shape[-1]).float()
     scores = scores.float() / config.temperature
     vocab = scores.shape[-1]
     if config.top_k and config.top_k < vocab:
@@ -128,7 +128,7 @@ def proposal_distribution(logits: torch.Tensor, config: SamplingConfig, determin
     sampling settings, so its q is one-hot there."""
     if not deterministic:
         return sampling_distribution(logits, config)
-    return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(torch.float32)
+    return torch.nn.functional.one_hot(arg_max(logits), logits.shape[-1]).to(torch.float32)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -140,6 +140,18 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     cdf = probs.double().cumsum(dim=-1)
     u = torch.rand(probs.shape[:-1] + (1,), generator=generator, dtype=cdf.dtype, device=probs.device) * cdf[..., -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_max(probs.shape[-1] - 1).squeeze(-1)
+
+
+def arg_max(logits: torch.Tensor) -> torch.Tensor:
+    """The arg-max over the last dimension (the first index on ties). Half-precision logits are widened to
+    float32 first: exact, and torch's CPU arg-max is 3-4x faster on float32 than on bfloat16."""
+    return (logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits).argmax(dim=-1)
+
+
+def greedy_token(logits: torch.Tensor) -> int:
+    """The greedy choice from one row of logits (checked: NaN or +inf raise), without building a distribution."""
+    check_logits(logits)
+    return int(arg_max(logits))
 
 
 def in_vocabulary(logits: torch.Tensor, vocabulary: torch.Tensor | None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from adaptive.generation import Decoder, Generation, TokenBudget
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
-from adaptive.sampling import check_logits
+from adaptive.sampling import arg_max, check_logits
 from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
 
 DEFAULT_SHAPE = TreeShape()
@@ -119,7 +119,7 @@ class TreeGeneration(Generation):
         logits = target.forward_masked(pending + [tree.nodes[i].token for i in selected], positions, mask)[len(pending) - 1 :]
         forward_time = self._forward_time + clock() - t1
         check_logits(logits)
-        choices = logits.argmax(dim=-1).tolist()
+        choices = arg_max(logits).tolist()
         path = accept_greedy(tree, selected, choices[0], choices[1:])
         bonus = choices[1 + row[path[-1]]] if path else choices[0]
         emitted = self.output.emit([tree.nodes[i].token for i in path] + [bonus])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive.sampling import SamplingConfig, check_logits, sample, sampling_distribution
+from adaptive.sampling import SamplingConfig, arg_max, check_logits, sample, sampling_distribution
 
 CorrectionRule = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """Maps (p, q) rows ``[..., V]`` to the distribution sampled after a rejection."""
@@ -112,7 +112,7 @@ def verify_block_greedy(target_logits: torch.Tensor, tokens: torch.Tensor) -> Bl
         target_logits: ``[γ+1, V]`` target logits at the drafted positions plus the bonus position.
         tokens: ``[γ]`` drafted token ids.
     """
-    choices = target_logits.argmax(dim=-1).tolist()
+    choices = arg_max(target_logits).tolist()
     accepted = 0
     for drafted in tokens.tolist():
         if drafted != choices[accepted]:

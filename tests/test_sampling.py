@@ -145,3 +145,14 @@ def test_features_over_the_draft_vocabulary_equal_those_over_the_full_one():
     full, fast = draft_features(logits, tokens), draft_features(logits, tokens, vocabulary)
     assert [row[3] for row in fast][-1] == [row[3] for row in full][-1] == float("-inf")
     assert torch.allclose(torch.tensor([row[3] for row in fast][:-1]), torch.tensor([row[3] for row in full][:-1]), atol=1e-6)
+
+
+def test_arg_max_widens_half_precision_exactly_ties_included():
+    from adaptive.sampling import arg_max, greedy_token
+
+    logits, _ = _reduced_vocabulary_logits(rows=32, vocab=300, kept=300, seed=5)  # every column scored, rounded: ties
+    assert (logits == logits.max(dim=-1, keepdim=True).values).sum(dim=-1).gt(1).any()
+    assert torch.equal(arg_max(logits), logits.argmax(dim=-1))
+    assert greedy_token(logits[3]) == int(logits[3].argmax())
+    with pytest.raises(ValueError, match="NaN"):
+        greedy_token(torch.tensor([0.0, float("nan")]))
