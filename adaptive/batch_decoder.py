@@ -33,7 +33,7 @@ from adaptive.eagle3 import Eagle3Head
 from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, BatchPolicy, BatchState
-from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, sample, sampling_distribution
+from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, in_vocabulary, sample, sampling_distribution, target_ids
 from adaptive.verification import BlockVerdict, CorrectionRule, residual_correction, verify_drafts
 
 
@@ -261,7 +261,8 @@ class BatchedSpeculativeDecoder:
             rows = torch.stack([outputs[b][-1] for b in drafting])
             if self.sampling.is_greedy:
                 check_logits(rows)
-                tokens = arg_max(rows).tolist()
+                vocabulary = self.draft.vocabulary
+                tokens = target_ids(arg_max(in_vocabulary(rows, vocabulary)), vocabulary).tolist()
             else:
                 q = sampling_distribution(rows, self.sampling)
                 tokens = [int(sample(q[i], self.batch[b].generator)) for i, b in enumerate(drafting)]

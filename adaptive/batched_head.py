@@ -39,6 +39,8 @@ class BatchedHeadSession:
             raise ValueError(f"the batched target keeps layers {target.taps}; this head reads {head.config.layer_ids}")
         self.model, self.target = head, target
         self.device, self.dtype = head.d2t.device, head.fc.weight.dtype
+        self.vocabulary = head.target_ids
+        """Sorted target ids of the columns the head scores (every other logit is -inf)."""
         config = head.config
         self.keys = torch.zeros(0, config.num_key_value_heads, 0, config.head_dim, dtype=self.dtype, device=self.device)
         self.values = self.keys.clone()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from adaptive.cached_model import cache_keyword
+from adaptive.cached_model import cache_keyword, output_vocabulary
 
 COMPACT_SLACK = 64
 """Compact once the cache holds this many more columns than the longest row's entries (and twice as many)."""
@@ -38,6 +38,8 @@ class BatchedCachedModel:
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
         self.cache_keyword = cache_keyword(model)
+        self.vocabulary = output_vocabulary(model)
+        """Sorted target ids of the columns the model scores, the others -inf (None: it scores all)."""
         self.cache = DynamicCache(config=model.config)
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
         """``[rows, columns]``: which cache columns hold each row's entries."""
