@@ -4,7 +4,7 @@ Compared, on the same prompts (chat format), the same number of new tokens and t
 decoding; our decoder with static γ = 1..8, each baseline policy and any learned policy given by path;
 transformers `generate(assistant_model=…)` with its heuristic schedule and with its default confidence
 threshold (0.4), with every draft of the run that is a transformers model (an EAGLE-3 head is not); with --tree,
-each policy also with draft trees (greedy); with --generate-route, each
+each policy also with draft trees of each shape given (greedy); with --generate-route, each
 policy also through transformers' own generate() (custom_generate=adaptive.integrations.transformers.generate). For every prompt all
 configurations run back to back (interleaved), so machine noise spreads over all of them. Reported per
 language: tokens/s (total emitted tokens / total time), speedup over plain, mean tokens per round τ (ours),
@@ -13,7 +13,7 @@ plain greedy; at bfloat16 every greedy divergence is checked to be a near-tie (:
 
 Run: .venv/bin/python benchmarks/pair_speedup.py [--per-language 3] [--repeats 2] [--temperatures 0,0.7] [--dtype auto]
      [--draft DIR] [--also-draft NAME=DIR ...] [--policies static:1,...,runs/NAME/policy.json] [--task TASK|copy-heavy|every] [--copy]
-     [--tree K,W,V] [--generate-route]
+     [--tree K,W,V ...] [--generate-route]
 (--draft: a draft folder for the pair's target, e.g. an EAGLE-3 head, instead of the pair's draft; --also-draft: every
 policy also with this draft, in the same interleaved run — "POLICY [NAME]" — to compare drafts; --copy: a copy
 drafter beside the draft for every policy, so policies with a source — static:G:copy, static:G:copy+model,
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
         "also_drafts": {name: f"{type(draft).__name__} from {folder}" for (name, folder), draft in zip(args.also_draft, extra.values())},
         "task": args.task or "all",
         "copy": args.copy,
-        "tree": str(args.tree) if args.tree else None,
+        "trees": [f"{shape.branching},{shape.width},{shape.size}" for shape in args.tree],
         "runs": {},
     }
     for temperature in args.temperatures:
@@ -139,12 +139,13 @@ def run(args: argparse.Namespace) -> dict:
             for suffix, draft in drafts.items()
             for spec in args.policies
         }
-        if args.tree and sampling.is_greedy:
+        if sampling.is_greedy:
             decoders.update(
                 {
-                    f"{spec}, tree {args.tree.branching},{args.tree.width},{args.tree.size}{suffix}": (
-                        lambda spec=spec, draft=draft: TreeDecoder(pair.target, draft, make_policy(spec), args.tree, tokenizer=pair.tokenizer)
+                    f"{spec}, tree {shape.branching},{shape.width},{shape.size}{suffix}": (
+                        lambda spec=spec, draft=draft, shape=shape: TreeDecoder(pair.target, draft, make_policy(spec), shape, tokenizer=pair.tokenizer)
                     )
+                    for shape in args.tree
                     for suffix, draft in drafts.items()
                     for spec in args.policies
                 }
@@ -260,8 +261,10 @@ def main() -> None:
     parser.add_argument(
         "--tree",
         type=_tree_shape,
+        action="append",
+        default=[],
         metavar="K,W,V",
-        help="every policy also with draft trees of this shape (branching, width, verified nodes), greedy runs only; not with --copy",
+        help="every policy also with draft trees of this shape (branching, width, verified nodes; repeatable), greedy runs only; not with --copy",
     )
     parser.add_argument("--copy", action="store_true", help="a copy drafter beside the draft (for source-aware policies) and transformers' prompt lookup")
     parser.add_argument("--seed", type=int, default=0)
