@@ -63,6 +63,16 @@ def select_prompts(
     return prompts[:limit]
 
 
+def known_outputs(path: str | Path) -> dict[str, list[int]]:
+    """Greedy outputs by prompt id from a JSONL file of ``{id, response}`` rows, or from every ``*.jsonl`` in a
+    folder (e.g. the shards ``adaptive distill-data --pool data/workload/prompts.jsonl --out DIR`` writes)."""
+    path = Path(path)
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise FileNotFoundError(f"--outputs must be a JSONL file of {{id, response}} rows or a folder of them; {path} is neither")
+    return {row["id"]: row["response"] for f in files for row in map(json.loads, f.read_text().splitlines())}
+
+
 def record_chains(
     pair: ModelPair,
     name: str,
@@ -87,7 +97,7 @@ def record_chains(
     if samples < 1 or (samples > 1 and sampling.is_greedy):
         raise ValueError(f"samples must be 1 for greedy traces (one output per prompt) and >= 1 otherwise, got {samples}")
     prompts = [prompt for prompt in prompts for _ in range(samples)]
-    given = {row["id"]: row["response"] for row in map(json.loads, Path(outputs).read_text().splitlines())} if outputs else None
+    given = known_outputs(outputs) if outputs else None
     decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy("static:1"), sampling, tokenizer=pair.tokenizer, max_depth=depth)
     metadata = trace_metadata(pair, name, split, dtype, samples_per_prompt=samples)
     profile_path = Path(profile) if profile else Path("profiles") / f"{name}.json"

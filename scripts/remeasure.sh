@@ -18,6 +18,7 @@ PY=.venv/bin/python
 PAIR=smollm2-135m
 DTYPE=${DTYPE:-auto}
 LOG=benchmarks/results/remeasure
+OUTPUTS=$LOG/outputs
 STAGES=(profiles traces policies evaluations benchmarks load)
 mkdir -p "$LOG"
 
@@ -43,14 +44,18 @@ profiles() {
 }
 
 traces() {
+  # The target's greedy answer to every workload prompt, in batches of 64 (minutes, where one decoder run per
+  # prompt takes hours); each greedy recording checks them with one teacher-forced forward and regenerates
+  # an answer from its first token that disagrees (a near-tie at bf16; "given outputs repaired" in its log).
+  step outputs $A distill-data --pool data/workload/prompts.jsonl --out "$OUTPUTS" --dtype "$DTYPE"
   local split
   for split in val train test; do
-    step "$split" $A record --pair $PAIR --dtype "$DTYPE" --split "$split"
+    step "$split" $A record --pair $PAIR --dtype "$DTYPE" --split "$split" --outputs "$OUTPUTS"
   done
-  step test-copy $A record --pair $PAIR --dtype "$DTYPE" --depth 8 --copy --split test --out data/traces/$PAIR-test-copy.npz
+  step test-copy $A record --pair $PAIR --dtype "$DTYPE" --depth 8 --copy --split test --outputs "$OUTPUTS" --out data/traces/$PAIR-test-copy.npz
   for split in train val; do
     step "$split-copy" $A record --pair $PAIR --dtype "$DTYPE" --depth 8 --copy --split "$split" --task all --per-language 40 \
-      --out data/traces/$PAIR-$split-copy.npz
+      --outputs "$OUTPUTS" --out data/traces/$PAIR-$split-copy.npz
   done
   step test-tree $A record --pair $PAIR --dtype "$DTYPE" --split test --tree 4,4,8 --depth 6
   step val-tree $A record --pair $PAIR --dtype "$DTYPE" --split val --tree 4,4,8 --depth 6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections import Counter
 
@@ -64,6 +65,19 @@ def test_given_outputs_are_kept_when_right_and_repaired_when_wrong(target, near_
     wrong = truth[:7] + [(truth[7] + 1) % 16] + truth[8:]
     assert greedy_output(decoder, PROMPTS[0], 20, wrong) == truth
     assert greedy_output(decoder, PROMPTS[0], 20) == truth
+
+
+def test_known_outputs_are_read_from_a_file_or_a_folder_of_shards(tmp_path):
+    from lab.recording import known_outputs
+
+    shards = tmp_path / "outputs"
+    shards.mkdir()
+    (shards / "greedy-00000.jsonl").write_text(json.dumps({"id": "a", "lang": "en", "response": [1, 2]}) + "\n")
+    (shards / "greedy-00001.jsonl").write_text(json.dumps({"id": "b", "response": [3]}) + "\n" + json.dumps({"id": "c", "response": []}) + "\n")
+    assert known_outputs(shards) == {"a": [1, 2], "b": [3], "c": []}
+    assert known_outputs(shards / "greedy-00001.jsonl") == {"b": [3], "c": []}
+    with pytest.raises(FileNotFoundError, match="missing is neither"):
+        known_outputs(tmp_path / "missing")
 
 
 def test_trace_file_round_trip(tmp_path, target, near_draft):

@@ -15,6 +15,7 @@ from adaptive.batch_profile import BatchCostProfile
 from adaptive.copy_draft import CopyDraft
 from adaptive.models import cache_root
 from adaptive.pair import load_target
+from adaptive.precision import DTYPES, resolve_dtype
 from adaptive.profiling import profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
@@ -165,7 +166,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
         prompts,
         Path(args.out),
         temperature=args.temperature,
-        dtype=getattr(torch, args.dtype),
+        dtype=DTYPES[resolve_dtype(args.dtype)],
         batch_size=args.batch_size,
         shard_size=args.shard_size,
         max_new_tokens=args.max_new_tokens,
@@ -227,7 +228,11 @@ def register(commands) -> None:
     rec.add_argument("--copy", action="store_true", help="also record the copy drafter's chains at every position (chains)")
     rec.add_argument("--depth", type=int, default=16, help="K: draft steps recorded per position (default 16)")
     rec.add_argument("--max-new-tokens", type=int, default=128)
-    rec.add_argument("--outputs", help="JSONL of known greedy outputs {id, response} to reuse (checked, repaired if wrong)")
+    rec.add_argument(
+        "--outputs",
+        help="known greedy outputs to reuse (checked by one teacher-forced forward, regenerated from the first token that disagrees): "
+        "a JSONL of {id, response} rows or a folder of them, e.g. from adaptive distill-data --pool data/workload/prompts.jsonl --out DIR",
+    )
     rec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0: sampled outputs and their acceptance probabilities")
     rec.add_argument("--top-k", type=int, default=None)
     rec.add_argument("--top-p", type=float, default=1.0)
@@ -248,7 +253,7 @@ def register(commands) -> None:
     data.add_argument("--pool", default=str(POOL), help="draft-training prompts (scripts/build_draft_pool.py)")
     data.add_argument("--out", default=str(SHARDS), help="shard folder (rerun to continue; default: the committed shards)")
     data.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the head trains on both greedy and T = 0.7 shards")
-    data.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    data.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="bfloat16", help="auto: bfloat16 where the CPU multiplies it natively")
     data.add_argument("--batch-size", type=int, default=64)
     data.add_argument("--shard-size", type=int, default=512)
     data.add_argument("--max-new-tokens", type=int, default=128)
