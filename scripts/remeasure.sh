@@ -83,7 +83,11 @@ evaluations() {
 benchmarks() {
   step pair-speedup $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0,0.7 \
     --policies static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,runs/quickstart-latest \
-    --tree 4,4,8 --out benchmarks/results/pair_speedup
+    --out benchmarks/results/pair_speedup
+  # trees for the depths that matter and the learned depth policy (the learned tree policy is judged by evaluations-tree);
+  # every policy of the run above with trees would double it
+  step pair-speedup-tree $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0 --no-transformers \
+    --policies static:2,static:3,static:4,runs/quickstart-latest --tree 4,4,8 --out benchmarks/results/pair_speedup_tree
   step generate-route $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 2 --repeats 2 --temperatures 0 \
     --policies heuristic,static:2,runs/quickstart-latest --generate-route --out benchmarks/results/generate_route
   step copy-heavy $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --temperatures 0 --per-language 4 --repeats 2 --no-transformers \
