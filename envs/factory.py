@@ -113,7 +113,7 @@ def make_live_env(
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
-    dtype: str = "float32",
+    dtype: str = "auto",
     schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Live env over a named pair (at ``dtype``) and a workload split (chat-formatted prompts)."""

@@ -159,9 +159,9 @@ class ExperimentConfig:
     name: str = "experiment"
     seed: int = 0
     pair: str = "smollm2-135m"
-    dtype: str = "float32"
-    """the pair's precision for live decoding and measured profiles: float32, bfloat16, float16 or auto (bfloat16 where
-    this machine multiplies it natively); the shipped traces and profiles were recorded at float32"""
+    dtype: str = "auto"
+    """the pair's precision for live decoding and measured profiles: auto (bfloat16 where this machine multiplies it
+    natively, else float32), float32, bfloat16 or float16"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)

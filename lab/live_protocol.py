@@ -35,7 +35,7 @@ def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_dep
     }
 
 
-def warm_pair(name: str, dtype: str = "float32"):
+def warm_pair(name: str, dtype: str = "auto"):
     pair = load_pair(name, dtype)
     generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
     return pair

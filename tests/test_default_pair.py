@@ -1,4 +1,7 @@
-"""Integration with the real default pair (SmolLM2-135M-Instruct + the shipped draft), bounded in time.
+"""Integration with the real default pair (SmolLM2-135M-Instruct + the shipped EAGLE-3 head), bounded in time.
+
+Greedy token identity is a guarantee at float32, so the pair is loaded at float32 here (its default dtype,
+auto, is bfloat16 on CPUs that multiply it natively).
 
 The first run on a fresh machine converts the GGUF target once (about 20 s)."""
 
@@ -8,7 +11,7 @@ import pytest
 import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain, load_pair
-from adaptive.draft_model import read_metadata
+from adaptive.eagle3 import Eagle3Head, is_head_folder
 from adaptive.integrations.transformers import generate as adaptive_generate
 from adaptive.pair import ASSETS, PAIRS, load_target
 from adaptive.traces import TraceSet
@@ -22,15 +25,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pair():
-    return load_pair("smollm2-135m")
+    return load_pair("smollm2-135m", "float32")
 
 
-def test_pair_loads_by_name_offline_with_a_small_shipped_draft(pair):
+def test_pair_loads_by_name_offline_with_a_small_shipped_head(pair):
+    """The default draft is the EAGLE-3 head in the public layout (config.json + model.safetensors with d2t)."""
     assert pair.target.config.vocab_size == 49152
-    weights = ASSETS / "smollm2-135m-draft" / "draft.safetensors"
-    assert weights.stat().st_size < 50e6
-    assert read_metadata(weights.parent)["format"] == "adaptive-draft/1"
-    assert sum(p.numel() for p in pair.draft.model.layers.parameters()) < 0.2 * sum(p.numel() for p in pair.target.model.layers.parameters())
+    folder = ASSETS / PAIRS["smollm2-135m"].draft
+    assert is_head_folder(folder) and (folder / "model.safetensors").stat().st_size < 50e6
+    assert isinstance(pair.draft, Eagle3Head) and pair.draft.config.layer_ids == (2, 15, 27)
+    assert sum(p.numel() for p in pair.draft.parameters()) < 0.2 * sum(p.numel() for p in pair.target.model.layers.parameters())
 
 
 def test_an_unknown_pair_name_is_refused_with_the_known_ones():
@@ -42,7 +46,7 @@ def test_the_standalone_pair_loads_by_name_and_speculates_exactly(pair):
     """``smollm2-135m-standalone``: the same target with the 2-layer draft distilled on the draft-training
     pool (fp32): greedy speculation equals plain greedy and gets draft tokens accepted."""
     assert "smollm2-135m-standalone" in PAIRS
-    standalone = load_pair("smollm2-135m-standalone")
+    standalone = load_pair("smollm2-135m-standalone", "float32")
     assert (ASSETS / PAIRS["smollm2-135m-standalone"].draft / "draft.safetensors").stat().st_size < 50e6
     ids = chat_ids(standalone.tokenizer, load_prompts("test", lang="es")[0]["prompt"])
     result = SpeculativeDecoder(standalone.target, standalone.draft, make_policy("static:4"), tokenizer=standalone.tokenizer).generate(ids, 24)
@@ -79,15 +83,16 @@ def test_greedy_tree_decoding_is_token_identical_to_plain_greedy(pair, greedy_ru
     assert result.mean_emitted > 1.0  # the tree gets draft tokens accepted
 
 
-def test_the_distilled_draft_gets_tokens_accepted(greedy_runs):
+def test_the_shipped_head_gets_tokens_accepted(greedy_runs):
     """Pooled per-token acceptance α = accepted / (accepted + rejections) over the four prompts.
 
-    Measured over all 185 test prompts: α = 0.35 (benchmarks/greedy_identity.py); an untrained draft gets ≈ 0.05.
+    The shipped head (step 8,000, fp32) gets 0.65 on these four prompts (it 0.89, en 0.39, zh 0.85, es 0.45); the
+    former 2-layer draft got 0.35 over all 185 test prompts (benchmarks/greedy_identity.py), an untrained draft ≈ 0.05.
     """
     rounds = [r for speculative, _ in greedy_runs.values() for r in speculative.rounds if r.verified]
     accepted = sum(r.accepted for r in rounds)
     rejections = sum(1 for r in rounds if r.accepted < r.verified)
-    assert accepted / (accepted + rejections) > 0.15
+    assert accepted / (accepted + rejections) > 0.4
 
 
 def test_sampled_speculation_runs_with_the_reduced_vocabulary_draft(pair):

@@ -27,10 +27,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        default="float32",
+        default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="model precision (default float32, which the shipped traces and profiles were measured at; "
-        "auto: bfloat16 where this machine multiplies bf16 natively, else float32)",
+        help="model precision (default auto: bfloat16 where this machine multiplies bf16 natively, else float32)",
     )
     parser.add_argument("--device", default="cpu")
 
