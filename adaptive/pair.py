@@ -13,7 +13,7 @@ from adaptive.copy_draft import CopyDraft
 from adaptive.draft_model import WEIGHTS, load_draft
 from adaptive.eagle3 import is_head_folder, load_head
 from adaptive.models import smollm2_folder
-from adaptive.precision import DTYPES, resolve_dtype
+from adaptive.precision import DEFAULT_DTYPE, DTYPES, resolve_dtype
 
 
 def check_compatible(target: PreTrainedModel, draft: PreTrainedModel, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -83,7 +83,7 @@ def named_pair(name: str) -> NamedPair:
     return PAIRS[name]
 
 
-def load_pair(name: str, dtype: str = "auto", device: str = "cpu") -> ModelPair:
+def load_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> ModelPair:
     """Load a named pair, e.g. ``load_pair("smollm2-135m")``; no network needed.
 
     Example:
@@ -95,27 +95,27 @@ def load_pair(name: str, dtype: str = "auto", device: str = "cpu") -> ModelPair:
     return pair
 
 
-def load_copy_pair(name: str, dtype: str = "auto", device: str = "cpu") -> ModelPair:
+def load_copy_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> ModelPair:
     """A named pair's target with the copy drafter instead of its draft model, e.g. ``load_copy_pair("smollm2-135m")``."""
     target, tokenizer = load_target(name, dtype, device)
     return ModelPair(target, CopyDraft(), tokenizer, f"{name}+{COPY}")
 
 
-def load_target(name: str, dtype: str = "auto", device: str = "cpu") -> tuple[PreTrainedModel, object]:
+def load_target(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> tuple[PreTrainedModel, object]:
     """The target of a named pair and its tokenizer, without the draft (e.g. to distil a new draft)."""
     named_pair(name)
     folder = smollm2_folder()
     return load_model(folder, dtype, device), AutoTokenizer.from_pretrained(str(folder))
 
 
-def load_model(path: str | Path, dtype: str = "auto", device: str = "cpu") -> PreTrainedModel:
+def load_model(path: str | Path, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode."""
     dtype = resolve_dtype(dtype, str(device))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     return model.to(device).eval()
 
 
-def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "auto", device: str = "cpu") -> ModelPair:
+def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> ModelPair:
     """Load target, draft and tokenizer from two folders and check that they are compatible.
 
     The draft may be any transformers causal LM folder with its own tokenizer (checked against the
@@ -129,7 +129,7 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = "au
     return ModelPair(target_model, load_draft_for(target_model, draft, tokenizer, dtype, device), tokenizer, name)
 
 
-def load_draft_for(target: PreTrainedModel, draft: str | Path, tokenizer=None, dtype: str = "auto", device: str = "cpu") -> nn.Module | CopyDraft:
+def load_draft_for(target: PreTrainedModel, draft: str | Path, tokenizer=None, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> nn.Module | CopyDraft:
     """A draft from a folder (any kind :func:`load_pair_from_paths` takes) for an already loaded ``target``,
     checked against it (``tokenizer``: the target's, to check a draft that brings its own)."""
     if str(draft) == COPY:

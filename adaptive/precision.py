@@ -10,6 +10,8 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+DEFAULT_DTYPE = "auto"
+"""The precision every loader, CLI command and experiment uses unless told otherwise (see :func:`resolve_dtype`)."""
 
 
 @functools.cache

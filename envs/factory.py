@@ -9,6 +9,7 @@ from adaptive.costmodel import GCurve
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.pair import load_pair
 from adaptive.policy import BasePolicy, DraftPolicy
+from adaptive.precision import DEFAULT_DTYPE
 from adaptive.profile import CostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
@@ -113,7 +114,7 @@ def make_live_env(
     partner: DraftPolicy | None = None,
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     episode: str = "cycle",
-    dtype: str = "auto",
+    dtype: str = DEFAULT_DTYPE,
     schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Live env over a named pair (at ``dtype``) and a workload split (chat-formatted prompts)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from adaptive.observation import VERSIONS
+from adaptive.precision import DEFAULT_DTYPE
 
 
 class ConfigError(ValueError):
@@ -159,7 +160,7 @@ class ExperimentConfig:
     name: str = "experiment"
     seed: int = 0
     pair: str = "smollm2-135m"
-    dtype: str = "auto"
+    dtype: str = DEFAULT_DTYPE
     """the pair's precision for live decoding and measured profiles: auto (bfloat16 where this machine multiplies it
     natively, else float32), float32, bfloat16 or float16"""
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
+from adaptive.precision import DEFAULT_DTYPE
 from adaptive.sampling import GREEDY, SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, interleave_tasks, load_prompts
 from lab.evaluation import paired_ratio, verdict
@@ -35,7 +36,7 @@ def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_dep
     }
 
 
-def warm_pair(name: str, dtype: str = "auto"):
+def warm_pair(name: str, dtype: str = DEFAULT_DTYPE):
     pair = load_pair(name, dtype)
     generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
     return pair
