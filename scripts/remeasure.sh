@@ -6,8 +6,8 @@
 #
 #   nohup bash scripts/remeasure.sh [STAGE ...] > /tmp/remeasure.log 2>&1 &
 #
-# STAGE: profiles traces policies evaluations benchmarks load (default: all six, in this order; later stages
-# read what earlier ones wrote). Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked
+# STAGE: profiles traces policies evaluations speedup load benchmarks (default: all seven, in this order; later
+# stages read what earlier ones wrote; speedup is the headline benchmark, benchmarks the README's others). Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked
 # done (STAGE-NAME.done) when it exits 0, so a killed run continues where it stopped; delete a .done file to
 # redo that step. DTYPE (default auto) is the precision of every step; DRY_RUN=1 prints the steps only.
 set -euo pipefail
@@ -19,7 +19,7 @@ PAIR=smollm2-135m
 DTYPE=${DTYPE:-auto}
 LOG=benchmarks/results/remeasure
 OUTPUTS=$LOG/outputs
-STAGES=(profiles traces policies evaluations benchmarks load)
+STAGES=(profiles traces policies evaluations speedup load benchmarks)
 mkdir -p "$LOG"
 
 step() {
@@ -80,10 +80,13 @@ evaluations() {
     --profile profiles/$PAIR.json --live-per-language 12
 }
 
-benchmarks() {
+speedup() {
   step pair-speedup $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0,0.7 \
     --policies static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,runs/quickstart-latest \
     --out benchmarks/results/pair_speedup
+}
+
+benchmarks() {
   # trees for the depths that matter and the learned depth policy (the learned tree policy is judged by evaluations-tree);
   # every policy of the run above with trees would double it
   step pair-speedup-tree $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0 --no-transformers \
