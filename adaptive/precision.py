@@ -12,6 +12,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 DEFAULT_DTYPE = "auto"
 """The precision every loader, CLI command and experiment uses unless told otherwise (see :func:`resolve_dtype`)."""
+CHOICES = (DEFAULT_DTYPE, "float32", "bfloat16", "float16")
+"""The precisions ``--dtype`` and an experiment's ``dtype`` accept (float64 is for tests, through the Python API)."""
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from adaptive.observation import VERSIONS
+from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
 
 
@@ -182,7 +183,7 @@ class ExperimentConfig:
             raise ConfigError(f"name must be a non-empty string without '/', got {self.name!r}")
         if self.init_from is not None and not (Path(self.init_from) / "checkpoints").is_dir():
             raise ConfigError(f"init_from must be a training run folder with checkpoints/, got {self.init_from!r}")
-        _one_of("dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+        _one_of("dtype", self.dtype, DTYPE_CHOICES)
         _at_least("checkpoint_every", self.checkpoint_every, 1)
         _at_least("eval_episodes", self.eval_episodes, 1)
         self.env.validate("env")

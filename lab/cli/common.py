@@ -7,6 +7,7 @@ from pathlib import Path
 
 from adaptive.generation import GenerationResult
 from adaptive.pair import COPY, PAIRS, ModelPair, load_copy_pair, load_pair, load_pair_from_paths
+from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
 from lab.report import format_table
 
@@ -29,7 +30,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default=DEFAULT_DTYPE,
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=DTYPE_CHOICES,
         help="model precision (default auto: bfloat16 where this machine multiplies bf16 natively, else float32)",
     )
     parser.add_argument("--device", default="cpu")
