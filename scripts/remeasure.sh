@@ -9,7 +9,8 @@
 # STAGE: profiles traces policies evaluations speedup load benchmarks (default: all seven, in this order; later
 # stages read what earlier ones wrote; speedup is the headline benchmark, benchmarks the README's others).
 # Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked done (STAGE-NAME.done) when it
-# exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. DTYPE (default auto) is the precision of every step; DRY_RUN=1 prints the steps only.
+# exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. DTYPE (default
+# auto) is the precision of every step; DRY_RUN=1 prints the steps only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
