@@ -5,6 +5,8 @@ cost model and SmartSpec's goodput rule, at each load of its training range."""
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from stable_baselines3.common.callbacks import BaseCallback
@@ -91,6 +93,41 @@ def train_batch_policy(
         row["learned over best static"] = row["learned"] / row["best static"]
     (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
     return policy, evaluation
+
+
+def worst_load_ratio(evaluation: dict) -> float:
+    """The learned policy's throughput over the best static depth at its worst load (the replay judgement's)."""
+    return min(row["learned over best static"] for row in evaluation.values())
+
+
+def train_best_of_seeds(
+    traces: TraceSet,
+    profile: BatchCostProfile,
+    out: Path,
+    ppo: PPOConfig,
+    seeds: Sequence[int],
+    loads: tuple[int, ...] = (1, 2, 4, 8),
+    max_depth: int = 6,
+    switch_prob: float = 0.02,
+    metadata: dict | None = None,
+) -> tuple[LearnedBatchPolicy, int, dict[int, dict]]:
+    """One PPO run per seed (each kept in ``out/seed-N``); the run whose worst load comes closest to the best
+    static depth in replay (:func:`worst_load_ratio`) is copied to ``out``, named after it. PPO on this
+    environment varies by a few per cent from seed to seed, so choosing among seeds on the replay judgement
+    (the training traces, never the test split) is part of training. Returns the chosen policy, its seed
+    and every seed's judgement."""
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    judged = {}
+    for seed in seeds:
+        _, judged[seed] = train_batch_policy(
+            traces, profile, out / f"seed-{seed}", ppo, loads, max_depth, switch_prob, seed, {"name": f"learned-batch:{out.name}", **(metadata or {})}
+        )
+    chosen = max(seeds, key=lambda seed: worst_load_ratio(judged[seed]))
+    for path in (out / f"seed-{chosen}").iterdir():
+        shutil.copy2(path, out / path.name)
+    (out / "seeds.json").write_text(json.dumps({"chosen": chosen, "worst load ratio": {str(s): worst_load_ratio(judged[s]) for s in seeds}}, indent=1))
+    return load_batch_policy(out), chosen, judged
 
 
 def schedule_spec(evaluation: dict, largest: int) -> str:

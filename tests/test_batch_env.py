@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gymnasium.utils.env_checker import check_env
 from test_batch_decoder import synthetic_profile
@@ -11,7 +13,7 @@ from adaptive.decoder import SpeculativeDecoder
 from adaptive.learned_batch_policy import load_batch_policy
 from adaptive.recorder import record
 from envs.batch_replay import BatchReplayEnv
-from lab.batch_training import judge, schedule_spec, train_batch_policy
+from lab.batch_training import judge, schedule_spec, train_batch_policy, train_best_of_seeds, worst_load_ratio
 from lab.config import PPOConfig
 from policies import make_policy
 from policies.batch import FixedBatchDepth, make_batch_policy
@@ -73,3 +75,20 @@ def test_a_load_aware_policy_learns_to_draft_alone_and_not_in_a_full_batch(trace
     assert make_batch_policy(str(tmp_path / "run")).name == load_batch_policy(tmp_path / "run").name == policy.name
     again = judge(BatchReplayEnv(traces, profile, (1, 8), 0.0, 4, rounds=10**9), {"static:0": FixedBatchDepth(0)}, (1, 8), rounds=200)
     assert again["8"]["static:0"] == pytest.approx(1.0)
+
+
+def test_training_several_seeds_keeps_the_one_best_at_its_worst_load(traces, tmp_path):
+    """Each seed's run is kept apart; the one whose worst load is closest to the best static depth is copied to
+    the folder (weights, judgement) under the folder's name."""
+    profile = synthetic_profile({1: 0.5, 8: 60.0})
+    ppo = PPOConfig(timesteps=1024, n_steps=512, batch_size=256, gamma=0.9)
+    out = tmp_path / "run"
+    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, (0, 1), (1, 8), max_depth=4)
+    assert chosen == max((0, 1), key=lambda seed: worst_load_ratio(judged[seed]))
+    assert worst_load_ratio(judged[chosen]) == min(row["learned over best static"] for row in judged[chosen].values())
+    assert json.loads((out / "evaluation.json").read_text()) == judged[chosen]
+    assert (out / "policy.safetensors").read_bytes() == (out / f"seed-{chosen}" / "policy.safetensors").read_bytes()
+    assert policy.name == "learned-batch:run"
+    assert json.loads((out / "seeds.json").read_text())["chosen"] == chosen
+    with pytest.raises(ValueError, match="at least one seed"):
+        train_best_of_seeds(traces, profile, tmp_path / "none", ppo, ())

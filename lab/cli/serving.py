@@ -12,7 +12,7 @@ from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from envs.factory import default_traces
-from lab.batch_training import schedule_spec, train_batch_policy
+from lab.batch_training import schedule_spec, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
@@ -134,6 +134,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def cmd_train_batch(args: argparse.Namespace) -> int:
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     loads = _integers(args.loads)
     profile = BatchCostProfile.load(args.batch_profile)
     path = Path(args.traces)
@@ -141,13 +143,22 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     ppo = PPOConfig(timesteps=args.timesteps, n_steps=1024, batch_size=256, gamma=0.9, ent_coef=0.01)
     out = Path(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = {"traces": str(path), "batch_profile": args.batch_profile}
-    policy, evaluation = train_batch_policy(traces, profile, out, ppo, loads, args.max_depth, args.switch_prob, args.seed, extra)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra)
+    evaluation = judged[chosen]
     names = [f"static:{d}" for d in range(args.max_depth + 1)] + ["best static", "costmodel", "goodput", "learned"]
     rows = [
         [load, *(f"{row[name]:.3f}" for name in names), row["best static depth"], f"{row['learned over best static']:.3f}"]
         for load, row in evaluation.items()
     ]
     print(format_table(["load", *names, "best depth", "learned / best static"], rows))
+    if len(seeds) > 1:
+        ratios = [
+            [seed, *(f"{judged[seed][load]['learned over best static']:.3f}" for load in evaluation), f"{worst_load_ratio(judged[seed]):.3f}"]
+            for seed in seeds
+        ]
+        print(format_table(["seed", *(f"learned / best static at load {load}" for load in evaluation), "worst load"], ratios))
+        print(f"kept seed {chosen} (the best worst load); every seed's run in {out}/seed-N")
     print(f"per-batch-size schedule of the best static depths: {schedule_spec(evaluation, profile.batch_sizes[-1])}")
     print(f"policy {policy.name} in {out}/ (use it as --policy {out} in adaptive loadtest)")
     return 0
@@ -195,5 +206,11 @@ def register(commands) -> None:
     train.add_argument("--max-depth", type=int, default=6)
     train.add_argument("--timesteps", type=int, default=100_000, help="PPO steps (rounds; default 100000)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="PPO runs with seeds SEED, SEED+1, ...; the one closest to the best static depth at its worst load in replay is kept (default 1)",
+    )
     train.add_argument("--out", help="policy folder (default runs/batch-DATE)")
     train.set_defaults(func=cmd_train_batch)
