@@ -70,7 +70,7 @@ policies() {
   for config in quickstart tree copy copy-model-only cotrain; do
     step "$config" $A train experiments/$config.yaml --profile profiles/$PAIR.json
   done
-  step batch $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --out runs/batch-rounds
+  step batch $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --out runs/batch-rounds
 }
 
 evaluations() {
@@ -103,13 +103,21 @@ benchmarks() {
   step replay-vs-live-t0.7 $PY benchmarks/replay_vs_live.py --traces data/traces/$PAIR-test-t0.7.npz --per-language 8 --repeats 4 \
     --out benchmarks/results/replay_vs_live_t0.7
   step tree-replay-vs-live $PY benchmarks/tree_replay_vs_live.py --per-language 2
-  step greedy-identity $PY benchmarks/greedy_identity.py --dtype float32 --new-tokens 48 --policy static:3
+  step greedy-identity $PY benchmarks/greedy_identity.py --dtype float32 --new-tokens 48 --policy static:4 --tree 4,4,8
 }
 
 load() {
   step static $A loadtest --pair $PAIR --dtype "$DTYPE" --policy static:1 --policy static:2 --policy static:3 --policy static:4 \
     --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out loadtests/static
-  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --concurrency 1,2,4,8 --requests 16 --out loadtests/learned
+  # the learned policy against the per-batch-size schedule that train-batch found in replay, in the same run
+  local judged=runs/batch-rounds/evaluation.json
+  local schedule="schedule:(best static per load in $judged)"
+  if [[ -z "${DRY_RUN:-}" ]]; then
+    [[ -e $judged ]] || { echo "load-learned needs $judged: run the policies stage first"; exit 1; }
+    schedule=$($PY -c "import json, sys; from lab.batch_training import schedule_spec; print(schedule_spec(json.load(open(sys.argv[1])), 16))" "$judged")
+  fi
+  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$schedule" --concurrency 1,2,4,8 --requests 16 \
+    --repeats 2 --out loadtests/learned
 }
 
 chosen=("$@")
