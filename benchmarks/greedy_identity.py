@@ -28,17 +28,11 @@ from adaptive.generation import Decoder
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import LANGUAGES, chat_ids, first_per_language, load_prompts
+from lab.cli.common import tree_shape
 from lab.report import format_table
 from policies import make_policy
 
 TOTALLED = ("identical", "accepted", "rejections", "tokens", "rounds", "plain_seconds", "speculative_seconds")
-
-
-def _tree_shape(spec: str) -> TreeShape:
-    try:
-        return TreeShape.parse(spec)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _decoders(pair, draft, policy: str, shapes: list[TreeShape]) -> dict[str, Decoder]:
@@ -98,7 +92,7 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--policy", default="static:4", help="the depth policy of every decoder")
-    parser.add_argument("--tree", type=_tree_shape, action="append", default=[], help="also a draft tree of this shape (k,W,V; repeatable)")
+    parser.add_argument("--tree", type=tree_shape, action="append", default=[], help="also a draft tree of this shape (k,W,V; repeatable)")
     parser.add_argument("--head", help="an EAGLE-3 head folder to draft with instead of the pair's draft")
     parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or auto")
     parser.add_argument("--per-language", type=int, help="only the first N prompts of each language")

@@ -40,10 +40,10 @@ from adaptive.integrations.transformers import generate as route_generate
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_draft_for, load_pair_from_paths
 from adaptive.profiling import hardware_description
-from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS
 from lab import live_protocol
+from lab.cli.common import tree_shape
 from lab.report import format_table
 from policies import StaticDepth, make_policy
 
@@ -221,13 +221,6 @@ def summarise(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _tree_shape(spec: str) -> TreeShape:
-    try:
-        return TreeShape.parse(spec)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="smollm2-135m")
@@ -260,7 +253,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--tree",
-        type=_tree_shape,
+        type=tree_shape,
         action="append",
         default=[],
         metavar="K,W,V",

@@ -9,6 +9,7 @@ from adaptive.generation import GenerationResult
 from adaptive.pair import COPY, PAIRS, ModelPair, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
+from adaptive.tree import TreeShape
 from lab.report import format_table
 
 
@@ -18,6 +19,14 @@ def floats(text: str) -> tuple[float, ...]:
         return tuple(float(x) for x in text.split(","))
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from error
+
+
+def tree_shape(spec: str) -> TreeShape:
+    """argparse type: a draft tree shape ``k,W,V`` (:meth:`TreeShape.parse`, its message kept)."""
+    try:
+        return TreeShape.parse(spec)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
