@@ -109,12 +109,11 @@ benchmarks() {
 load() {
   step static $A loadtest --pair $PAIR --dtype "$DTYPE" --policy static:1 --policy static:2 --policy static:3 --policy static:4 \
     --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out loadtests/static
-  # the learned policy against the per-batch-size schedule that train-batch found in replay, in the same run
-  local judged=runs/batch-rounds/evaluation.json
-  local schedule="schedule:(best static per load in $judged)"
+  # the learned policy against the per-batch-size schedule that train-batch found in replay (printed in its log), in the same run
+  local trained=$LOG/policies-batch.log
+  local schedule="schedule:(as printed in $trained)"
   if [[ -z "${DRY_RUN:-}" ]]; then
-    [[ -e $judged ]] || { echo "load-learned needs $judged: run the policies stage first"; exit 1; }
-    schedule=$($PY -c "import json, sys; from lab.batch_training import schedule_spec; print(schedule_spec(json.load(open(sys.argv[1])), 16))" "$judged")
+    schedule=$(grep -o 'schedule:[^ ]*' "$trained" 2>/dev/null | tail -1) || { echo "load-learned needs $trained: run the policies stage first"; exit 1; }
   fi
   step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$schedule" --concurrency 1,2,4,8 --requests 16 \
     --repeats 2 --out loadtests/learned
