@@ -13,7 +13,9 @@ only:
 * the workload's four task types and instructions, per language, then (appended, so the earlier prompts
   stay as they were) its four copy-heavy ones: fix the typos, comment code, answer from a passage,
   translate keeping names. Their answers copy spans of the prompt, as half of the workload's val and test
-  prompts do; a draft that never saw such prompts does not learn to copy.
+  prompts do; a draft that never saw such prompts does not learn to copy;
+* then (appended again) more English prompts of every task, up to twice as many per task: the head
+  accepts least in English.
 
 Kept out of every split on purpose (independent checks): Debian's manpages, maint-guide, debian-faq and
 aptitude documentation.
@@ -75,6 +77,9 @@ GENERIC_CODE = {
 }
 PER_TASK = 1600  # per language and task: 4 x 4 x 1600 = 25,600 prompts at most
 COPY_PER_TASK = 300  # per language and copy-heavy task: 4 x 4 x 300 = 4,800 prompts at most
+MORE_ENGLISH = 2
+"""English, where the head accepts least, gets up to twice as many prompts per task: the ones beyond the
+first PER_TASK / COPY_PER_TASK are appended after every earlier prompt (2026-12-02), the rest unchanged."""
 
 
 class BlockText(HTMLParser):
@@ -132,6 +137,11 @@ def html_passages(root: Path) -> dict[str, dict[str, list[tuple[str, str]]]]:
     return out
 
 
+def cap(lang: str, per_task: int) -> int:
+    """Prompts per task in ``lang``."""
+    return per_task * (MORE_ENGLISH if lang == "en" else 1)
+
+
 def build_pool(workload: list[dict], extra, base, tokenizer, seed: int = 20261130) -> list[dict]:
     """Prompts per (language, task) from train-bucket passages that no workload prompt uses."""
     rng = random.Random(seed)
@@ -151,7 +161,7 @@ def build_pool(workload: list[dict], extra, base, tokenizer, seed: int = 2026113
             rng.shuffle(candidates)
             chosen = 0
             for source, text in candidates:
-                if chosen == PER_TASK:
+                if chosen == cap(lang, PER_TASK):
                     break
                 if split_of(text) != "train" or any(x in source for x in EXCLUDED):
                     continue
@@ -185,19 +195,26 @@ def build_copy_pool(workload: list[dict], extra, base, tokenizer, earlier: list[
             rng.shuffle(candidates)
             chosen = 0
             for source, text in candidates:
-                if chosen == COPY_PER_TASK:
+                if chosen == cap(lang, COPY_PER_TASK):
                     break
                 if split_of(text) != "train" or any(x in source for x in EXCLUDED) or (kind != "code" and not in_language(text, lang)):
                     continue
                 prompt = copy_prompt(task, lang, text)
                 if prompt is None or prompt in seen or not low <= len(tokenizer(text)["input_ids"]) <= high:
                     continue
-                if any(text in other or with_typos(text, lang) in other for other in workload_prompts) or any(h in prompt for h in held_out):
+                typod = with_typos(text, lang)
+                if any(text in other or typod in other for other in workload_prompts) or any(h in prompt for h in held_out):
                     continue
                 seen.add(prompt)
                 pool.append({"id": f"draft-{lang}-{task}-{chosen:04d}", "lang": lang, "task": task, "split": "draft", "source": source, "prompt": prompt})
                 chosen += 1
     return pool
+
+
+def is_extension(prompt: dict) -> bool:
+    """Whether a prompt is one of English's extra ones, beyond the first PER_TASK / COPY_PER_TASK of its task."""
+    index = int(prompt["id"].rsplit("-", 1)[1])
+    return index >= (COPY_PER_TASK if prompt["task"] in COPY_TASK_SOURCES else PER_TASK)
 
 
 def main() -> None:
@@ -212,8 +229,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
     workload = [json.loads(line) for line in args.workload.read_text().splitlines()]
     extra, base = html_passages(fetch(args.extra_debs, PACKAGES)), collect_sources(fetch(args.debs))
-    pool = build_pool(workload, extra, base, tokenizer)
-    pool += build_copy_pool(workload, extra, base, tokenizer, pool)
+    general = build_pool(workload, extra, base, tokenizer)
+    copy_heavy = build_copy_pool(workload, extra, base, tokenizer, general)
+    rows = [*general, *copy_heavy]
+    first = [p for p in rows if not is_extension(p)]
+    pool = [*first, *(p for p in rows if is_extension(p))]  # earlier prompts keep their places
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pool))
     counts = Counter((p["lang"], p["task"]) for p in pool)
     for lang in LANGUAGES:

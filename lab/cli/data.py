@@ -162,6 +162,8 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     """The target's own responses to the draft-training prompt pool, in resumable shards (hours: background)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     prompts = [json.loads(line) for line in Path(args.pool).read_text().splitlines()]
+    if args.lang:
+        prompts = [p for p in prompts if p["lang"] in args.lang]
     generate_shards(
         prompts,
         Path(args.out),
@@ -254,6 +256,7 @@ def register(commands) -> None:
     data.add_argument("--out", default=str(SHARDS), help="shard folder (rerun to continue; default: the committed shards)")
     data.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the head trains on both greedy and T = 0.7 shards")
     data.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="bfloat16", help="auto: bfloat16 where the CPU multiplies it natively")
+    data.add_argument("--lang", nargs="+", choices=["it", "en", "zh", "es"], help="only the prompts in these languages (default: all)")
     data.add_argument("--batch-size", type=int, default=64)
     data.add_argument("--shard-size", type=int, default=512)
     data.add_argument("--max-new-tokens", type=int, default=128)
