@@ -68,7 +68,7 @@ def generate_shards(
     prefix = shard_prefix(temperature)
     order = list(prompts)
     random.Random(seed).shuffle(order)
-    done = done_ids(folder, prefix)
+    done = done_ids(folder, prefix) & {p["id"] for p in prompts}
     todo = [p for p in order if p["id"] not in done]
     log.info("%d of %d prompts done; %d to go", len(done), len(order), len(todo))
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
