@@ -9,7 +9,11 @@ plus one — exactly what the batched decoder does with the same pair under gree
 
 Reward: the round's throughput over plain batched decoding's at the same batch size,
 (Σ emitted / round time) / (B / plain step time): 1.0 is as fast as plain, so rewards at different loads
-are on one scale. Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds
+are on one scale. With a latency target ``slo_tpot_ms``, the round's goodput instead: only the tokens of
+requests whose time per token in this round (round time / tokens it emitted) meets the target count — the
+per-round form of the load test's goodput, which counts requests whose time per output token meets it.
+A deep draft at a high load makes long rounds, and a request that accepts little in one then misses the
+target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound. Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds
 (truncated; the load and the requests carry on across resets only through the random generator).
 """
 
@@ -47,6 +51,7 @@ class BatchReplayEnv(gym.Env):
         switch_prob: float = 0.02,
         max_depth: int = 6,
         rounds: int = 256,
+        slo_tpot_ms: float | None = None,
     ) -> None:
         if traces.sampled:
             raise ValueError("batched replay needs greedy traces (match lengths); these are sampled")
@@ -56,6 +61,9 @@ class BatchReplayEnv(gym.Env):
             raise ValueError(f"loads must lie within the profile's batch sizes {profile.batch_sizes[0]}..{profile.batch_sizes[-1]}, got {loads}")
         if not 0.0 <= switch_prob <= 1.0:
             raise ValueError(f"switch_prob must lie in [0, 1], got {switch_prob}")
+        if slo_tpot_ms is not None and not slo_tpot_ms > 0:
+            raise ValueError(f"slo_tpot_ms must be a positive number of milliseconds (or None: throughput), got {slo_tpot_ms}")
+        self.slo_tpot_ms = slo_tpot_ms
         self.traces, self.profile, self.loads, self.switch_prob = traces, profile, tuple(loads), switch_prob
         self.max_depth, self.rounds = max_depth, rounds
         self.schema = BatchObservationSchema(max_depth)
@@ -90,23 +98,25 @@ class BatchReplayEnv(gym.Env):
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
         size = len(self.batch)
-        emitted = 0
+        seconds = self.profile.round_ms(size, depth) / 1e3
+        plain = self.profile.round_ms(size, 0) / 1e3
+        emitted = counted = 0
         for request in self.batch:
             start, length = self._offsets[request.prompt], self._offsets[request.prompt + 1] - self._offsets[request.prompt]
             accepted = min(depth, self._match[start + request.t])
-            emitted += min(accepted + 1, length - request.t)
+            tokens = min(accepted + 1, length - request.t)
+            emitted += tokens
+            counted += tokens if self.slo_tpot_ms is None or seconds * 1e3 / tokens <= self.slo_tpot_ms else 0
             request.t += accepted + 1
             request.accepted.append(accepted)
             request.drafted.append(depth)
-        seconds = self.profile.round_ms(size, depth) / 1e3
-        plain = self.profile.round_ms(size, 0) / 1e3
-        reward = (emitted / seconds) / (size / plain)
+        reward = (counted / seconds) / (size / plain)
         self.batch = [r for r in self.batch if r.t < self._offsets[r.prompt + 1] - self._offsets[r.prompt]]
         if self.np_random.random() < self.switch_prob:
             self.concurrency = int(self.np_random.choice(self.loads))
         self._fill()
         self._round += 1
-        info = {"batch": size, "depth": depth, "emitted": emitted, "seconds": seconds, "plain_seconds_per_token": plain / size}
+        info = {"batch": size, "depth": depth, "emitted": emitted, "counted": counted, "seconds": seconds, "plain_seconds_per_token": plain / size}
         return self._observation(), float(reward), False, self._round >= self.rounds, info
 
     def _fill(self) -> None:

@@ -1,6 +1,7 @@
 """Training a load-aware batch policy with PPO in batched replay (``adaptive train-batch``), and judging it
 there against the static depths, the best static depth per load (the per-batch-size schedule), the batch
-cost model and SmartSpec's goodput rule, at each load of its training range."""
+cost model and SmartSpec's goodput rule, at each load of its training range — on throughput, or with a
+latency target on goodput (:class:`~envs.batch_replay.BatchReplayEnv`'s ``slo_tpot_ms``)."""
 
 from __future__ import annotations
 
@@ -35,28 +36,30 @@ class _Bar(BaseCallback):
         self.bar.close()
 
 
-def replay_throughput(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int, seed: int) -> float:
+def replay_rate(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int, seed: int) -> float:
     """Throughput of ``policy`` over plain batched decoding at a fixed ``load``: Σ emitted / Σ seconds of
-    ``rounds`` rounds, over the plain rate B / step time at the batch sizes met."""
+    ``rounds`` rounds, over the plain rate B / step time at the batch sizes met; with the environment's
+    latency target, goodput (Σ counted instead of Σ emitted) over the same plain rate."""
     saved = env.switch_prob
     env.switch_prob = 0.0
     env.reset(seed=seed, options={"load": load})
-    tokens = seconds = plain = 0.0
+    emitted = counted = seconds = plain = 0.0
     for _ in range(rounds):
         _, _, _, _, info = env.step(policy.depth(env.state()))
-        tokens += info["emitted"]
+        emitted += info["emitted"]
+        counted += info["counted"]
         seconds += info["seconds"]
         plain += info["emitted"] * info["plain_seconds_per_token"]
     env.switch_prob = saved
-    return plain / seconds
+    return counted / emitted * plain / seconds
 
 
 def judge(env: BatchReplayEnv, policies: dict[str, BatchPolicy], loads: tuple[int, ...], rounds: int = 2000, seed: int = 1) -> dict:
-    """Per load, each policy's replayed throughput over plain; adds ``best static`` (the per-load grid: the
-    per-batch-size schedule) and its depth."""
+    """Per load, each policy's replayed throughput (goodput, with a latency target) over plain; adds ``best
+    static`` (the per-load grid: the per-batch-size schedule) and its depth."""
     table: dict = {}
     for load in loads:
-        row = {name: replay_throughput(env, policy, load, rounds, seed) for name, policy in policies.items()}
+        row = {name: replay_rate(env, policy, load, rounds, seed) for name, policy in policies.items()}
         statics = {d: row[f"static:{d}"] for d in range(env.max_depth + 1) if f"static:{d}" in row}
         best = max(statics, key=statics.get)
         row["best static"], row["best static depth"] = statics[best], best
@@ -74,18 +77,27 @@ def train_batch_policy(
     switch_prob: float = 0.02,
     seed: int = 0,
     metadata: dict | None = None,
+    slo_tpot_ms: float | None = None,
 ) -> tuple[LearnedBatchPolicy, dict]:
-    """PPO on :class:`BatchReplayEnv`; saves the policy in ``out`` and its replay judgement in
-    ``out/evaluation.json``; returns both."""
-    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth)
+    """PPO on :class:`BatchReplayEnv` (reward: throughput, or goodput under ``slo_tpot_ms``); saves the policy
+    in ``out`` and its replay judgement in ``out/evaluation.json``; returns both."""
+    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms)
     env.reset(seed=seed)
     model = new_ppo(ppo, env, seed)
     model.learn(ppo.timesteps, callback=_Bar(ppo.timesteps))
     net, layers = export_sb3(model)
-    info = {"name": f"learned-batch:{out.name}", "loads": list(loads), "switch_prob": switch_prob, "timesteps": ppo.timesteps, "seed": seed, **(metadata or {})}
+    info = {
+        "name": f"learned-batch:{out.name}",
+        "loads": list(loads),
+        "switch_prob": switch_prob,
+        "timesteps": ppo.timesteps,
+        "seed": seed,
+        "slo_tpot_ms": slo_tpot_ms,
+        **(metadata or {}),
+    }
     save_batch_policy(out, net, layers, env.schema, profile, **info)
     policy = load_batch_policy(out)
-    judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9)
+    judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms)
     policies: dict[str, BatchPolicy] = {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}
     policies.update({"costmodel": CostModelBatch(profile), "goodput": GoodputRule(profile), "learned": policy})
     evaluation = judge(judged_env, policies, loads)
@@ -110,6 +122,7 @@ def train_best_of_seeds(
     max_depth: int = 6,
     switch_prob: float = 0.02,
     metadata: dict | None = None,
+    slo_tpot_ms: float | None = None,
 ) -> tuple[LearnedBatchPolicy, int, dict[int, dict]]:
     """One PPO run per seed (each kept in ``out/seed-N``); the run whose worst load comes closest to the best
     static depth in replay (:func:`worst_load_ratio`) is copied to ``out``, named after it. PPO on this
@@ -121,7 +134,16 @@ def train_best_of_seeds(
     judged = {}
     for seed in seeds:
         _, judged[seed] = train_batch_policy(
-            traces, profile, out / f"seed-{seed}", ppo, loads, max_depth, switch_prob, seed, {"name": f"learned-batch:{out.name}", **(metadata or {})}
+            traces,
+            profile,
+            out / f"seed-{seed}",
+            ppo,
+            loads,
+            max_depth,
+            switch_prob,
+            seed,
+            {"name": f"learned-batch:{out.name}", **(metadata or {})},
+            slo_tpot_ms,
         )
     chosen = max(seeds, key=lambda seed: worst_load_ratio(judged[seed]))
     for path in (out / f"seed-{chosen}").iterdir():

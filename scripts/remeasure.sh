@@ -6,8 +6,10 @@
 #
 #   nohup bash scripts/remeasure.sh [STAGE ...] > /tmp/remeasure.log 2>&1 &
 #
-# STAGE: profiles traces policies evaluations speedup load benchmarks (default: all seven, in this order; later
-# stages read what earlier ones wrote; speedup is the headline benchmark, benchmarks the README's others).
+# STAGE: profiles traces policies evaluations speedup load benchmarks retarget (default: all eight, in this order;
+# later stages read what earlier ones wrote; speedup is the headline benchmark, benchmarks the README's others;
+# retarget replays the quickstart policy under other machines' profiles: one measured here with one thread, the
+# slow Xeon's (committed), three derived what-ifs).
 # Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked done (STAGE-NAME.done) when it
 # exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. DTYPE (default
 # auto) is the precision of every step; DRY_RUN=1 prints the steps only.
@@ -20,7 +22,7 @@ PAIR=smollm2-135m
 DTYPE=${DTYPE:-auto}
 LOG=benchmarks/results/remeasure
 OUTPUTS=$LOG/outputs
-STAGES=(profiles traces policies evaluations speedup load benchmarks)
+STAGES=(profiles traces policies evaluations speedup load benchmarks retarget)
 mkdir -p "$LOG"
 
 step() {
@@ -117,6 +119,18 @@ load() {
   fi
   step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$schedule" --concurrency 1,2,4,8 --requests 16 \
     --repeats 2 --out loadtests/learned
+}
+
+retarget() {
+  step profile-1thread $A profile --pair $PAIR --dtype "$DTYPE" --threads 1 --max-verify 16 --out profiles/$PAIR-1thread.json
+  step what-if $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 0.1 --out profiles/what-if-flat-verify.json
+  step what-if-cheap-draft $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 0.1 --draft-scale 0.3 \
+    --out profiles/what-if-flat-verify-cheap-draft.json
+  step what-if-slow-draft $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 1 --draft-scale 3 --out profiles/what-if-slow-draft.json
+  local profile
+  for profile in $PAIR-1thread $PAIR-xeon what-if-flat-verify what-if-flat-verify-cheap-draft what-if-slow-draft; do
+    step "$profile" $A retarget runs/quickstart-latest --profile profiles/$profile.json --timesteps 10000
+  done
 }
 
 chosen=("$@")

@@ -92,3 +92,30 @@ def test_training_several_seeds_keeps_the_one_best_at_its_worst_load(traces, tmp
     assert json.loads((out / "seeds.json").read_text())["chosen"] == chosen
     with pytest.raises(ValueError, match="at least one seed"):
         train_best_of_seeds(traces, profile, tmp_path / "none", ppo, ())
+
+
+def test_with_a_latency_target_only_requests_meeting_it_count(traces):
+    """Goodput reward: in each round, a request's tokens count when round time / its tokens meets the target;
+    no target counts every token (throughput), a target below any round counts none."""
+    profile = synthetic_profile({1: 1.0, 2: 2.0})
+    round_ms = profile.round_ms(2, 3)
+    assert 2 * 40.0 > round_ms > 40.0  # at 40 ms per token, a request emitting one token misses, two or more meet it
+    offsets, match = traces.offsets.tolist(), traces.match.tolist()
+    seen = {}
+    for slo in (None, 1e6, 1.0, 40.0):
+        env = BatchReplayEnv(traces, profile, loads=(2,), switch_prob=0.0, max_depth=4, rounds=100, slo_tpot_ms=slo)
+        env.reset(seed=5)
+        seen[slo] = []
+        for _ in range(20):
+            before = [(r.prompt, r.t) for r in env.batch]
+            _, reward, _, _, info = env.step(3)
+            tokens = [min(min(3, match[offsets[p] + t]) + 1, offsets[p + 1] - offsets[p] - t) for p, t in before]
+            assert info["emitted"] == sum(tokens)
+            expected = sum(n for n in tokens if slo is None or round_ms / n <= slo)
+            assert info["counted"] == expected
+            assert reward == pytest.approx(expected / info["seconds"] / (2 / (profile.round_ms(2, 0) / 1e3)))
+            seen[slo].append(info["counted"] / info["emitted"])
+    assert seen[None] == seen[1e6] == [1.0] * 20 and seen[1.0] == [0.0] * 20
+    assert 0.0 < sum(seen[40.0]) / 20 < 1.0  # some tokens met the target, some missed it
+    with pytest.raises(ValueError, match="slo_tpot_ms must be a positive"):
+        BatchReplayEnv(traces, profile, loads=(2,), slo_tpot_ms=0.0)

@@ -144,18 +144,18 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = {"traces": str(path), "batch_profile": args.batch_profile}
     seeds = list(range(args.seed, args.seed + args.seeds))
-    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra)
+    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra, args.slo_tpot_ms)
+    measure = "throughput" if args.slo_tpot_ms is None else f"goodput at {args.slo_tpot_ms:g} ms per token"
+    print(f"replay on {path}: each policy's {measure} over plain batched decoding's throughput, per load")
     evaluation = judged[chosen]
     names = [f"static:{d}" for d in range(args.max_depth + 1)] + ["best static", "costmodel", "goodput", "learned"]
     rows = [
-        [load, *(f"{row[name]:.3f}" for name in names), row["best static depth"], f"{row['learned over best static']:.3f}"]
-        for load, row in evaluation.items()
+        [load, *(f"{row[name]:.3f}" for name in names), row["best static depth"], f"{row['learned over best static']:.3f}"] for load, row in evaluation.items()
     ]
     print(format_table(["load", *names, "best depth", "learned / best static"], rows))
     if len(seeds) > 1:
         ratios = [
-            [seed, *(f"{judged[seed][load]['learned over best static']:.3f}" for load in evaluation), f"{worst_load_ratio(judged[seed]):.3f}"]
-            for seed in seeds
+            [seed, *(f"{judged[seed][load]['learned over best static']:.3f}" for load in evaluation), f"{worst_load_ratio(judged[seed]):.3f}"] for seed in seeds
         ]
         print(format_table(["seed", *(f"learned / best static at load {load}" for load in evaluation), "worst load"], ratios))
         print(f"kept seed {chosen} (the best worst load); every seed's run in {out}/seed-N")
@@ -211,6 +211,12 @@ def register(commands) -> None:
         type=int,
         default=1,
         help="PPO runs with seeds SEED, SEED+1, ...; the one closest to the best static depth at its worst load in replay is kept (default 1)",
+    )
+    train.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        help="reward goodput instead of throughput: a request's tokens count in a round only when round time / its tokens is at or under "
+        "this many ms (the load test's --slo-tpot-ms, per round); the static depths and the schedule are judged the same way",
     )
     train.add_argument("--out", help="policy folder (default runs/batch-DATE)")
     train.set_defaults(func=cmd_train_batch)
