@@ -123,10 +123,10 @@ load() {
 
 retarget() {
   step profile-1thread $A profile --pair $PAIR --dtype "$DTYPE" --threads 1 --max-verify 16 --out profiles/$PAIR-1thread.json
-  step what-if $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 0.1 --out profiles/what-if-flat-verify.json
-  step what-if-cheap-draft $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 0.1 --draft-scale 0.3 \
+  step derive-flat-verify $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 0.1 --out profiles/what-if-flat-verify.json
+  step derive-cheap-draft $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 0.1 --draft-scale 0.3 \
     --out profiles/what-if-flat-verify-cheap-draft.json
-  step what-if-slow-draft $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 1 --draft-scale 3 --out profiles/what-if-slow-draft.json
+  step derive-slow-draft $PY scripts/what_if_profile.py --source profiles/$PAIR.json --verify-slope 1 --draft-scale 3 --out profiles/what-if-slow-draft.json
   local profile
   for profile in $PAIR-1thread $PAIR-xeon what-if-flat-verify what-if-flat-verify-cheap-draft what-if-slow-draft; do
     step "$profile" $A retarget runs/quickstart-latest --profile profiles/$profile.json --timesteps 10000
