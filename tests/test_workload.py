@@ -71,11 +71,16 @@ def test_the_draft_training_pool_is_disjoint_from_every_policy_prompt(prompts):
 
 def test_the_draft_training_pool_holds_copy_heavy_prompts_after_the_rest():
     """Half of the workload's val and test prompts are copy-heavy: the pool has those tasks too, in every
-    language, appended after the four first task types (whose shards were generated first)."""
+    language, appended after the four first task types (whose shards were generated first); then English's
+    extra prompts of every task (numbered past each task's first 1,600 / 300), appended after both."""
     pool = [json.loads(line) for line in POOL.read_text().splitlines()]
+    extension = [int(row["id"].rsplit("-", 1)[1]) >= (300 if row["task"] in COPY_TASKS else 1600) for row in pool]
+    first_extra = extension.index(True)
+    assert all(extension[first_extra:]) and {row["lang"] for row in pool[first_extra:]} == {"en"}
+    assert {row["task"] for row in pool[first_extra:]} >= set(COPY_TASKS)
     first_copy = next(i for i, row in enumerate(pool) if row["task"] in COPY_TASKS)
-    assert first_copy >= 20_000 and all(row["task"] in COPY_TASKS for row in pool[first_copy:])
-    counts = Counter((p["lang"], p["task"]) for p in pool[first_copy:])
+    assert first_copy >= 20_000 and all(row["task"] in COPY_TASKS for row in pool[first_copy:first_extra])
+    counts = Counter((p["lang"], p["task"]) for p in pool[first_copy:first_extra])
     assert all(counts[(lang, task)] >= 200 for lang in LANGUAGES for task in COPY_TASKS), counts
 
 
