@@ -98,15 +98,15 @@ class BatchReplayEnv(gym.Env):
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
         size = len(self.batch)
-        seconds = self.profile.round_ms(size, depth) / 1e3
-        plain = self.profile.round_ms(size, 0) / 1e3
+        round_ms = self.profile.round_ms(size, depth)
+        seconds, plain = round_ms / 1e3, self.profile.round_ms(size, 0) / 1e3
         emitted = counted = 0
         for request in self.batch:
             start, length = self._offsets[request.prompt], self._offsets[request.prompt + 1] - self._offsets[request.prompt]
             accepted = min(depth, self._match[start + request.t])
             tokens = min(accepted + 1, length - request.t)
             emitted += tokens
-            counted += tokens if self.slo_tpot_ms is None or seconds * 1e3 / tokens <= self.slo_tpot_ms else 0
+            counted += tokens if self.slo_tpot_ms is None or round_ms / tokens <= self.slo_tpot_ms else 0
             request.t += accepted + 1
             request.accepted.append(accepted)
             request.drafted.append(depth)

@@ -231,9 +231,7 @@ def main() -> None:
     extra, base = html_passages(fetch(args.extra_debs, PACKAGES)), collect_sources(fetch(args.debs))
     general = build_pool(workload, extra, base, tokenizer)
     copy_heavy = build_copy_pool(workload, extra, base, tokenizer, general)
-    rows = [*general, *copy_heavy]
-    first = [p for p in rows if not is_extension(p)]
-    pool = [*first, *(p for p in rows if is_extension(p))]  # earlier prompts keep their places
+    pool = sorted([*general, *copy_heavy], key=is_extension)  # stable: the earlier prompts keep their places, the extension last
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pool))
     counts = Counter((p["lang"], p["task"]) for p in pool)
     for lang in LANGUAGES:

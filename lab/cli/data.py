@@ -20,7 +20,7 @@ from adaptive.profiling import profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
-from adaptive.workload import COPY_TASKS, TASKS, load_prompts
+from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS, load_prompts
 from lab.cli.common import add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import POOL, SHARDS, generate_shards
@@ -219,7 +219,7 @@ def register(commands) -> None:
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     add_pair_arguments(rec)
     rec.add_argument("--split", default="train", choices=["train", "val", "test"])
-    rec.add_argument("--lang", choices=["it", "en", "zh", "es"], help="only this language")
+    rec.add_argument("--lang", choices=LANGUAGES, help="only this language")
     rec.add_argument("--limit", type=int, help="only the first N prompts")
     rec.add_argument("--per-language", type=int, help="only the first N prompts of each language")
     rec.add_argument(
@@ -256,7 +256,7 @@ def register(commands) -> None:
     data.add_argument("--out", default=str(SHARDS), help="shard folder (rerun to continue; default: the committed shards)")
     data.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the head trains on both greedy and T = 0.7 shards")
     data.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="bfloat16", help="auto: bfloat16 where the CPU multiplies it natively")
-    data.add_argument("--lang", nargs="+", choices=["it", "en", "zh", "es"], help="only the prompts in these languages (default: all)")
+    data.add_argument("--lang", nargs="+", choices=LANGUAGES, help="only the prompts in these languages (default: all)")
     data.add_argument("--batch-size", type=int, default=64)
     data.add_argument("--shard-size", type=int, default=512)
     data.add_argument("--max-new-tokens", type=int, default=128)
