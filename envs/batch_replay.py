@@ -101,11 +101,13 @@ class BatchReplayEnv(gym.Env):
         round_ms = self.profile.round_ms(size, depth)
         seconds, plain = round_ms / 1e3, self.profile.round_ms(size, 0) / 1e3
         emitted = counted = 0
+        tokens_per_request = []
         for request in self.batch:
             start, length = self._offsets[request.prompt], self._offsets[request.prompt + 1] - self._offsets[request.prompt]
             accepted = min(depth, self._match[start + request.t])
             tokens = min(accepted + 1, length - request.t)
             emitted += tokens
+            tokens_per_request.append(tokens)
             counted += tokens if self.slo_tpot_ms is None or round_ms / tokens <= self.slo_tpot_ms else 0
             request.t += accepted + 1
             request.accepted.append(accepted)
@@ -116,7 +118,15 @@ class BatchReplayEnv(gym.Env):
             self.concurrency = int(self.np_random.choice(self.loads))
         self._fill()
         self._round += 1
-        info = {"batch": size, "depth": depth, "emitted": emitted, "counted": counted, "seconds": seconds, "plain_seconds_per_token": plain / size}
+        info = {
+            "batch": size,
+            "depth": depth,
+            "emitted": emitted,
+            "counted": counted,
+            "seconds": seconds,
+            "plain_seconds_per_token": plain / size,
+            "tokens_per_request": tokens_per_request,
+        }
         return self._observation(), float(reward), False, self._round >= self.rounds, info
 
     def _fill(self) -> None:

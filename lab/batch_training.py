@@ -1,15 +1,20 @@
 """Training a load-aware batch policy with PPO in batched replay (``adaptive train-batch``), and judging it
 there against the static depths, the best static depth per load (the per-batch-size schedule), the batch
 cost model and SmartSpec's goodput rule, at each load of its training range — on throughput, or with a
-latency target on goodput (:class:`~envs.batch_replay.BatchReplayEnv`'s ``slo_tpot_ms``)."""
+latency target on goodput (:class:`~envs.batch_replay.BatchReplayEnv`'s ``slo_tpot_ms``), and on the 95th
+percentile of the gaps between tokens. The learned policy is also judged capped at the schedule found:
+never deeper than it at any batch size, so where a round's cost grows with its depth, never a longer round
+and never a longer gap."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
@@ -20,7 +25,10 @@ from adaptive.traces import TraceSet
 from envs.batch_replay import BatchReplayEnv
 from lab.config import PPOConfig
 from lab.ppo import export_sb3, new_ppo
-from policies.batch import CostModelBatch, FixedBatchDepth, GoodputRule
+from policies.batch import BatchSizeSchedule, CappedBySchedule, CostModelBatch, FixedBatchDepth, GoodputRule
+
+CAPPED = "learned, capped"
+"""The learned policy capped at the per-batch-size schedule the judgement found (:class:`CappedBySchedule`)."""
 
 
 class _Bar(BaseCallback):
@@ -36,33 +44,53 @@ class _Bar(BaseCallback):
         self.bar.close()
 
 
-def replay_rate(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int, seed: int) -> float:
-    """Throughput of ``policy`` over plain batched decoding at a fixed ``load``: Σ emitted / Σ seconds of
-    ``rounds`` rounds, over the plain rate B / step time at the batch sizes met; with the environment's
-    latency target, goodput (Σ counted instead of Σ emitted) over the same plain rate."""
+@dataclass(frozen=True)
+class LoadReplay:
+    """One policy replayed at one load."""
+
+    rate: float
+    """Throughput over plain batched decoding's (goodput over it, with a latency target)."""
+    itl_p95_ms: float
+    """95th percentile of the gaps between a request's tokens: each round, a request's first token waits the
+    round and the rest of its tokens arrive with it (gap 0), as the load test counts inter-token latency."""
+
+
+def replay_load(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int, seed: int) -> LoadReplay:
+    """``policy`` over ``rounds`` rounds at a fixed ``load``: Σ emitted / Σ seconds over the plain rate B / step
+    time at the batch sizes met (with the environment's latency target, Σ counted instead of Σ emitted), and
+    the 95th percentile of the inter-token gaps."""
     saved = env.switch_prob
     env.switch_prob = 0.0
     env.reset(seed=seed, options={"load": load})
     emitted = counted = seconds = plain = 0.0
+    gaps: list[float] = []
     for _ in range(rounds):
         _, _, _, _, info = env.step(policy.depth(env.state()))
         emitted += info["emitted"]
         counted += info["counted"]
         seconds += info["seconds"]
         plain += info["emitted"] * info["plain_seconds_per_token"]
+        for tokens in info["tokens_per_request"]:
+            gaps += [info["seconds"] * 1e3] + [0.0] * (tokens - 1)
     env.switch_prob = saved
-    return counted / emitted * plain / seconds
+    return LoadReplay(counted / emitted * plain / seconds, float(np.percentile(gaps, 95)))
 
 
 def judge(env: BatchReplayEnv, policies: dict[str, BatchPolicy], loads: tuple[int, ...], rounds: int = 2000, seed: int = 1) -> dict:
-    """Per load, each policy's replayed throughput (goodput, with a latency target) over plain; adds ``best
-    static`` (the per-load grid: the per-batch-size schedule) and its depth."""
+    """Per load, each policy's replayed throughput (goodput, with a latency target) over plain, and under
+    ``itl p95 ms`` its inter-token gap p95; adds ``best static`` (the per-load grid: the per-batch-size
+    schedule) and its depth."""
     table: dict = {}
     for load in loads:
-        row = {name: replay_rate(env, policy, load, rounds, seed) for name, policy in policies.items()}
+        replays = {name: replay_load(env, policy, load, rounds, seed) for name, policy in policies.items()}
+        row: dict = {name: replay.rate for name, replay in replays.items()}
         statics = {d: row[f"static:{d}"] for d in range(env.max_depth + 1) if f"static:{d}" in row}
-        best = max(statics, key=statics.get)
-        row["best static"], row["best static depth"] = statics[best], best
+        if statics:
+            best = max(statics, key=statics.get)
+            row["best static"], row["best static depth"] = statics[best], best
+        row["itl p95 ms"] = {name: replay.itl_p95_ms for name, replay in replays.items()}
+        if statics:
+            row["itl p95 ms"]["best static"] = replays[f"static:{best}"].itl_p95_ms
         table[str(load)] = row
     return table
 
@@ -101,8 +129,13 @@ def train_batch_policy(
     policies: dict[str, BatchPolicy] = {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}
     policies.update({"costmodel": CostModelBatch(profile), "goodput": GoodputRule(profile), "learned": policy})
     evaluation = judge(judged_env, policies, loads)
-    for row in evaluation.values():
+    schedule = schedule_spec(evaluation, profile.batch_sizes[-1])
+    capped = judge(judged_env, {CAPPED: CappedBySchedule(BatchSizeSchedule(schedule.removeprefix("schedule:")), policy)}, loads)
+    for load, row in evaluation.items():
+        row[CAPPED] = capped[load][CAPPED]
+        row["itl p95 ms"][CAPPED] = capped[load]["itl p95 ms"][CAPPED]
         row["learned over best static"] = row["learned"] / row["best static"]
+        row["capped over best static"] = row[CAPPED] / row["best static"]
     (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
     return policy, evaluation
 

@@ -8,6 +8,7 @@
 * :class:`GoodputRule` (``goodput``): SmartSpec's rule — each request's own acceptance estimate, the depth
   maximising the batch's expected tokens per second of the round.
 * :class:`SpeculationOff` (``off-above:N:SPEC``): SPEC while at most N requests decode or wait, plain above.
+* :class:`CappedBySchedule` (``capped:1-2=4,3-8=2:SPEC``): SPEC's depth, never deeper than the schedule's.
 """
 
 from __future__ import annotations
@@ -102,9 +103,23 @@ class SpeculationOff:
         return 0 if state.batch_size + state.waiting > self.limit else self.inner.depth(state)
 
 
+class CappedBySchedule:
+    """``inner``'s depth, never deeper than ``cap``'s at the batch size: a learned policy kept within the
+    per-batch-size schedule, so that its rounds (and the gaps between a request's tokens) are no longer than
+    the schedule's, while it may still draft less where acceptance is low."""
+
+    def __init__(self, cap: BatchSizeSchedule, inner: BatchPolicy) -> None:
+        self.cap, self.inner = cap, inner
+        self.name = f"capped:{cap.name.removeprefix('schedule:')}:{inner.name}"
+
+    def depth(self, state: BatchState) -> int:
+        return min(self.inner.depth(state), self.cap.depth(state))
+
+
 BATCH_POLICY_HELP = (
     "plain; static:D (D drafted tokens per round); schedule:LOW-HIGH=D,... (a depth per batch size); "
     "costmodel and goodput (need a batched cost profile); off-above:N:SPEC (SPEC up to N requests, plain above); "
+    "capped:LOW-HIGH=D,...:SPEC (SPEC, never deeper than the schedule); "
     "or the folder of a learned batch policy (adaptive train-batch)"
 )
 
@@ -128,4 +143,8 @@ def make_batch_policy(spec: str, profile: BatchCostProfile | None = None) -> Bat
         limit, _, inner = arg.partition(":")
         if limit.isdigit() and inner:
             return SpeculationOff(int(limit), make_batch_policy(inner, profile))
+    if name == "capped":
+        schedule, _, inner = arg.partition(":")
+        if schedule and inner:
+            return CappedBySchedule(BatchSizeSchedule(schedule), make_batch_policy(inner, profile))
     raise ValueError(f"unknown batch policy {spec!r}; allowed: {BATCH_POLICY_HELP}")

@@ -183,7 +183,17 @@ def test_batch_policies_and_bad_settings_are_named(target, near_draft):
     with pytest.raises(ValueError, match="no depth for batch size 65"):
         schedule.depth(BatchState(65, 0, 8))
     assert FixedBatchDepth(6).depth(BatchState(1, 0, 4)) == 4
-    for spec, message in (("static:x", "unknown batch policy"), ("schedule:1-2", "LOW-HIGH=DEPTH"), ("schedule:3-1=2", "LOW <= HIGH")):
+    capped = make_batch_policy("capped:1-2=4,3-8=2,9-64=0:static:3")
+    assert [capped.depth(BatchState(b, 0, 8)) for b in (1, 2, 3, 8, 9)] == [3, 3, 2, 2, 0]
+    assert capped.name == "capped:1-2=4,3-8=2,9-64=0:static:3"
+    bad = (
+        ("static:x", "unknown batch policy"),
+        ("schedule:1-2", "LOW-HIGH=DEPTH"),
+        ("schedule:3-1=2", "LOW <= HIGH"),
+        ("capped:1-8=2", "unknown batch policy"),
+        ("capped:1-8:static:2", "LOW-HIGH=DEPTH"),
+    )
+    for spec, message in bad:
         with pytest.raises(ValueError, match=message):
             make_batch_policy(spec)
     with pytest.raises(ValueError, match="standalone draft model .* or an EAGLE-3 head"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from test_batch_decoder import synthetic_profile
@@ -13,7 +14,7 @@ from adaptive.decoder import SpeculativeDecoder
 from adaptive.learned_batch_policy import load_batch_policy
 from adaptive.recorder import record
 from envs.batch_replay import BatchReplayEnv
-from lab.batch_training import judge, schedule_spec, train_batch_policy, train_best_of_seeds, worst_load_ratio
+from lab.batch_training import CAPPED, judge, replay_load, schedule_spec, train_batch_policy, train_best_of_seeds, worst_load_ratio
 from lab.config import PPOConfig
 from policies import make_policy
 from policies.batch import FixedBatchDepth, make_batch_policy
@@ -73,6 +74,11 @@ def test_a_load_aware_policy_learns_to_draft_alone_and_not_in_a_full_batch(trace
         assert evaluation[load]["learned over best static"] > 0.95, evaluation
     assert schedule_spec(evaluation, 8) == f"schedule:1-7={evaluation['1']['best static depth']},8-8=0"
     assert make_batch_policy(str(tmp_path / "run")).name == load_batch_policy(tmp_path / "run").name == policy.name
+    for load in ("1", "8"):  # capped at the schedule: never a longer gap than the schedule's (round cost grows with depth here)
+        row = evaluation[load]
+        assert row["itl p95 ms"][CAPPED] <= row["itl p95 ms"]["best static"] + 1e-9
+        assert row["capped over best static"] == pytest.approx(row[CAPPED] / row["best static"])
+    assert evaluation["8"][CAPPED] == pytest.approx(1.0)  # the schedule says plain in a full batch, and so does the cap
     again = judge(BatchReplayEnv(traces, profile, (1, 8), 0.0, 4, rounds=10**9), {"static:0": FixedBatchDepth(0)}, (1, 8), rounds=200)
     assert again["8"]["static:0"] == pytest.approx(1.0)
 
@@ -119,3 +125,20 @@ def test_with_a_latency_target_only_requests_meeting_it_count(traces):
     assert 0.0 < sum(seen[40.0]) / 20 < 1.0  # some tokens met the target, some missed it
     with pytest.raises(ValueError, match="slo_tpot_ms must be a positive"):
         BatchReplayEnv(traces, profile, loads=(2,), slo_tpot_ms=0.0)
+
+
+def test_replay_counts_inter_token_gaps_as_the_load_test_does(traces):
+    """Each round, a request's first token waits the round and the rest arrive with it: plain decoding's gaps
+    are all one step; a static depth's p95 is the p95 of those gaps, computed by hand from the same rounds."""
+    profile = synthetic_profile({1: 1.0, 2: 2.0})
+    env = BatchReplayEnv(traces, profile, loads=(2,), switch_prob=0.0, max_depth=4, rounds=10**9)
+    plain = replay_load(env, FixedBatchDepth(0), 2, rounds=50, seed=3)
+    assert plain.rate == pytest.approx(1.0) and plain.itl_p95_ms == pytest.approx(profile.round_ms(2, 0))
+    env.reset(seed=3, options={"load": 2})
+    gaps = []
+    for _ in range(50):
+        _, _, _, _, info = env.step(3)
+        gaps += [g for tokens in info["tokens_per_request"] for g in [profile.round_ms(2, 3)] + [0.0] * (tokens - 1)]
+    deep = replay_load(env, FixedBatchDepth(3), 2, rounds=50, seed=3)
+    assert deep.itl_p95_ms == pytest.approx(float(np.percentile(gaps, 95)))
+    assert 0.0 in gaps and deep.itl_p95_ms == pytest.approx(profile.round_ms(2, 3))  # zeros below, a round's time at p95

@@ -226,3 +226,21 @@ def test_a_batched_profile_feeds_the_load_aware_baselines(model_folders, tmp_pat
     assert "| costmodel " in result.stdout and "| goodput " in result.stdout and "| off-above:1:static:2 " in result.stdout
     missing = run("loadtest", *pair, "--policy", "goodput", "--concurrency", "1")
     assert missing.returncode == 2 and "needs a batched cost profile" in missing.stderr
+
+
+def test_train_batch_prints_the_schedule_and_a_capped_spec_that_loads(tmp_path):
+    """PPO (short) on the shipped val traces and batched profile: throughput and gap tables per load, the
+    schedule of the best static depths, and a ``capped:`` spec that loads as a batch policy."""
+    from policies.batch import make_batch_policy
+
+    out = tmp_path / "batch"
+    args = ("--batch-profile", "profiles/smollm2-135m-batch.json", "--traces", "val", "--loads", "1,8", "--max-depth", "3")
+    result = run("train-batch", *args, "--timesteps", "1024", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "inter-token gap p95 in replay" in result.stdout and "| learned, capped |" in result.stdout
+    capped = result.stdout.split("never deeper): --policy ")[1].split()[0]
+    schedule = result.stdout.split("best static depths: schedule:")[1].split()[0]
+    assert capped == f"capped:{schedule}:{out}"
+    assert make_batch_policy(capped).name == f"capped:{schedule}:learned-batch:batch"
+    bad = run("train-batch", *args, "--seeds", "0")
+    assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
