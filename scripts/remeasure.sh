@@ -111,14 +111,16 @@ benchmarks() {
 load() {
   step static $A loadtest --pair $PAIR --dtype "$DTYPE" --policy static:1 --policy static:2 --policy static:3 --policy static:4 \
     --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out loadtests/static
-  # the learned policy against the per-batch-size schedule that train-batch found in replay (printed in its log), in the same run
+  # the learned policy, uncapped and capped at the per-batch-size schedule that train-batch found in replay (both
+  # printed in its log), against that schedule, in the same run
   local trained=$LOG/policies-batch.log
-  local schedule="schedule:(as printed in $trained)"
+  local schedule="schedule:(as printed in $trained)" capped="capped:(as printed in $trained)"
   if [[ -z "${DRY_RUN:-}" ]]; then
     schedule=$(grep -o 'schedule:[^ ]*' "$trained" 2>/dev/null | tail -1) || { echo "load-learned needs $trained: run the policies stage first"; exit 1; }
+    capped=$(grep -o 'capped:[^ ]*' "$trained" | tail -1) || { echo "$trained names no capped policy: rerun the policies stage"; exit 1; }
   fi
-  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$schedule" --concurrency 1,2,4,8 --requests 16 \
-    --repeats 2 --out loadtests/learned
+  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$capped" --policy "$schedule" \
+    --concurrency 1,2,4,8 --requests 16 --repeats 2 --out loadtests/learned
 }
 
 retarget() {
