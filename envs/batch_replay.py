@@ -13,8 +13,12 @@ are on one scale. With a latency target ``slo_tpot_ms``, the round's goodput ins
 requests whose time per token in this round (round time / tokens it emitted) meets the target count — the
 per-round form of the load test's goodput, which counts requests whose time per output token meets it.
 A deep draft at a high load makes long rounds, and a request that accepts little in one then misses the
-target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound. Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds
-(truncated; the load and the requests carry on across resets only through the random generator).
+target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound.
+
+With a ``cap`` (a batch policy, e.g. a per-batch-size schedule), an action deeper than the cap's depth runs at
+the cap's depth: a policy trained so never drafts deeper than the cap and learns where to draft less.
+Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds (truncated; the load and the
+requests carry on across resets only through the random generator).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 
 from adaptive.batch_observation import BatchObservationSchema
 from adaptive.batch_profile import BatchCostProfile
-from adaptive.policy import RECENT_ROUNDS, BatchState
+from adaptive.policy import RECENT_ROUNDS, BatchPolicy, BatchState
 from adaptive.traces import TraceSet
 
 
@@ -52,6 +56,7 @@ class BatchReplayEnv(gym.Env):
         max_depth: int = 6,
         rounds: int = 256,
         slo_tpot_ms: float | None = None,
+        cap: BatchPolicy | None = None,
     ) -> None:
         if traces.sampled:
             raise ValueError("batched replay needs greedy traces (match lengths); these are sampled")
@@ -63,7 +68,7 @@ class BatchReplayEnv(gym.Env):
             raise ValueError(f"switch_prob must lie in [0, 1], got {switch_prob}")
         if slo_tpot_ms is not None and not slo_tpot_ms > 0:
             raise ValueError(f"slo_tpot_ms must be a positive number of milliseconds (or None: throughput), got {slo_tpot_ms}")
-        self.slo_tpot_ms = slo_tpot_ms
+        self.slo_tpot_ms, self.cap = slo_tpot_ms, cap
         self.traces, self.profile, self.loads, self.switch_prob = traces, profile, tuple(loads), switch_prob
         self.max_depth, self.rounds = max_depth, rounds
         self.schema = BatchObservationSchema(max_depth)
@@ -97,6 +102,8 @@ class BatchReplayEnv(gym.Env):
         depth = int(action)
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
+        if self.cap is not None:
+            depth = min(depth, self.cap.depth(self.state()))
         size = len(self.batch)
         round_ms = self.profile.round_ms(size, depth)
         seconds, plain = round_ms / 1e3, self.profile.round_ms(size, 0) / 1e3

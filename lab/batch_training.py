@@ -19,13 +19,13 @@ from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from adaptive.batch_profile import BatchCostProfile
-from adaptive.learned_batch_policy import LearnedBatchPolicy, load_batch_policy, save_batch_policy
+from adaptive.learned_batch_policy import save_batch_policy
 from adaptive.policy import BatchPolicy
 from adaptive.traces import TraceSet
 from envs.batch_replay import BatchReplayEnv
 from lab.config import PPOConfig
 from lab.ppo import export_sb3, new_ppo
-from policies.batch import BatchSizeSchedule, CappedBySchedule, CostModelBatch, FixedBatchDepth, GoodputRule
+from policies.batch import BatchSizeSchedule, CappedBySchedule, CostModelBatch, FixedBatchDepth, GoodputRule, make_batch_policy
 
 CAPPED = "learned, capped"
 """The learned policy capped at the per-batch-size schedule the judgement found (:class:`CappedBySchedule`)."""
@@ -106,10 +106,17 @@ def train_batch_policy(
     seed: int = 0,
     metadata: dict | None = None,
     slo_tpot_ms: float | None = None,
-) -> tuple[LearnedBatchPolicy, dict]:
+    cap_at_schedule: bool = False,
+) -> tuple[BatchPolicy, dict]:
     """PPO on :class:`BatchReplayEnv` (reward: throughput, or goodput under ``slo_tpot_ms``); saves the policy
-    in ``out`` and its replay judgement in ``out/evaluation.json``; returns both."""
-    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms)
+    in ``out`` and its replay judgement in ``out/evaluation.json``; returns both. The static depths are judged
+    first; with ``cap_at_schedule`` PPO trains inside their per-batch-size schedule (the environment's cap),
+    and the policy is saved with that cap, which :func:`~policies.batch.make_batch_policy` applies on loading."""
+    judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms)
+    evaluation = judge(judged_env, {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}, loads)
+    schedule = BatchSizeSchedule(schedule_spec(evaluation, profile.batch_sizes[-1]).removeprefix("schedule:"))
+    cap = schedule if cap_at_schedule else None
+    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms, cap=cap)
     env.reset(seed=seed)
     model = new_ppo(ppo, env, seed)
     model.learn(ppo.timesteps, callback=_Bar(ppo.timesteps))
@@ -121,19 +128,17 @@ def train_batch_policy(
         "timesteps": ppo.timesteps,
         "seed": seed,
         "slo_tpot_ms": slo_tpot_ms,
+        **({"cap": schedule.name.removeprefix("schedule:")} if cap else {}),
         **(metadata or {}),
     }
     save_batch_policy(out, net, layers, env.schema, profile, **info)
-    policy = load_batch_policy(out)
-    judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms)
-    policies: dict[str, BatchPolicy] = {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}
-    policies.update({"costmodel": CostModelBatch(profile), "goodput": GoodputRule(profile), "learned": policy})
-    evaluation = judge(judged_env, policies, loads)
-    schedule = schedule_spec(evaluation, profile.batch_sizes[-1])
-    capped = judge(judged_env, {CAPPED: CappedBySchedule(BatchSizeSchedule(schedule.removeprefix("schedule:")), policy)}, loads)
-    for load, row in evaluation.items():
-        row[CAPPED] = capped[load][CAPPED]
-        row["itl p95 ms"][CAPPED] = capped[load]["itl p95 ms"][CAPPED]
+    policy = make_batch_policy(str(out))
+    others = {"costmodel": CostModelBatch(profile), "goodput": GoodputRule(profile), "learned": policy, CAPPED: CappedBySchedule(schedule, policy)}
+    for load, row in judge(judged_env, others, loads).items():
+        gaps = row.pop("itl p95 ms")
+        evaluation[load].update(row)
+        evaluation[load]["itl p95 ms"].update(gaps)
+    for row in evaluation.values():
         row["learned over best static"] = row["learned"] / row["best static"]
         row["capped over best static"] = row[CAPPED] / row["best static"]
     (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
@@ -156,7 +161,8 @@ def train_best_of_seeds(
     switch_prob: float = 0.02,
     metadata: dict | None = None,
     slo_tpot_ms: float | None = None,
-) -> tuple[LearnedBatchPolicy, int, dict[int, dict]]:
+    cap_at_schedule: bool = False,
+) -> tuple[BatchPolicy, int, dict[int, dict]]:
     """One PPO run per seed (each kept in ``out/seed-N``); the run whose worst load comes closest to the best
     static depth in replay (:func:`worst_load_ratio`) is copied to ``out``, named after it. PPO on this
     environment varies by a few per cent from seed to seed, so choosing among seeds on the replay judgement
@@ -177,12 +183,13 @@ def train_best_of_seeds(
             seed,
             {"name": f"learned-batch:{out.name}", **(metadata or {})},
             slo_tpot_ms,
+            cap_at_schedule,
         )
     chosen = max(seeds, key=lambda seed: worst_load_ratio(judged[seed]))
     for path in (out / f"seed-{chosen}").iterdir():
         shutil.copy2(path, out / path.name)
     (out / "seeds.json").write_text(json.dumps({"chosen": chosen, "worst load ratio": {str(s): worst_load_ratio(judged[s]) for s in seeds}}, indent=1))
-    return load_batch_policy(out), chosen, judged
+    return make_batch_policy(str(out)), chosen, judged
 
 
 def schedule_spec(evaluation: dict, largest: int) -> str:

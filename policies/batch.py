@@ -127,7 +127,9 @@ BATCH_POLICY_HELP = (
 def make_batch_policy(spec: str, profile: BatchCostProfile | None = None) -> BatchPolicy:
     """A batch policy from its spec string (see :data:`BATCH_POLICY_HELP`), or a learned one from its folder."""
     if is_batch_policy(spec):
-        return load_batch_policy(spec)
+        policy = load_batch_policy(spec)
+        cap = policy.metadata.get("cap")  # trained inside a schedule (train-batch --cap-at-schedule): kept inside it
+        return CappedBySchedule(BatchSizeSchedule(cap), policy) if cap else policy
     name, _, arg = spec.partition(":")
     if name == "plain" and not arg:
         return FixedBatchDepth(0)

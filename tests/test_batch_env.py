@@ -17,7 +17,7 @@ from envs.batch_replay import BatchReplayEnv
 from lab.batch_training import CAPPED, judge, replay_load, schedule_spec, train_batch_policy, train_best_of_seeds, worst_load_ratio
 from lab.config import PPOConfig
 from policies import make_policy
-from policies.batch import FixedBatchDepth, make_batch_policy
+from policies.batch import BatchSizeSchedule, FixedBatchDepth, make_batch_policy
 
 PROMPTS = [[1, 4, 6], [3, 3], [2, 2, 9, 11, 5], [7, 8], [12, 0, 3, 3]]
 
@@ -142,3 +142,29 @@ def test_replay_counts_inter_token_gaps_as_the_load_test_does(traces):
     deep = replay_load(env, FixedBatchDepth(3), 2, rounds=50, seed=3)
     assert deep.itl_p95_ms == pytest.approx(float(np.percentile(gaps, 95)))
     assert 0.0 in gaps and deep.itl_p95_ms == pytest.approx(profile.round_ms(2, 3))  # zeros below, a round's time at p95
+
+
+def test_a_policy_trained_inside_the_schedule_never_drafts_deeper_than_it(traces, tmp_path):
+    """The environment's cap clamps each action to the schedule's depth at the batch size; PPO trained so is
+    saved with its cap, which loading by folder applies: in replay it never drafts deeper than the schedule."""
+    profile = synthetic_profile({1: 0.5, 8: 60.0})
+    cap = BatchSizeSchedule("1-7=2,8-8=0")
+    env = BatchReplayEnv(traces, profile, loads=(1, 8), switch_prob=0.5, max_depth=4, rounds=10**9, cap=cap)
+    env.reset(seed=0)
+    for action in [4, 1, 3, 0] * 10:
+        size = len(env.batch)
+        assert env.step(action)[-1]["depth"] == min(action, 2 if size < 8 else 0)
+    ppo = PPOConfig(timesteps=2048, n_steps=1024, batch_size=256, gamma=0.9)
+    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, cap_at_schedule=True)
+    schedule = schedule_spec(evaluation, 8).removeprefix("schedule:")
+    assert policy.name == f"capped:{schedule}:learned-batch:run" == make_batch_policy(str(tmp_path / "run")).name
+    limits = BatchSizeSchedule(schedule)
+    for load in (1, 8):
+        env = BatchReplayEnv(traces, profile, loads=(load,), switch_prob=0.0, max_depth=4, rounds=10**9)
+        env.reset(seed=2)
+        for _ in range(100):
+            state = env.state()
+            depth = policy.depth(state)
+            assert depth <= limits.depth(state)
+            env.step(depth)
+        assert evaluation[str(load)]["learned"] == evaluation[str(load)][CAPPED]

@@ -144,7 +144,9 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = {"traces": str(path), "batch_profile": args.batch_profile}
     seeds = list(range(args.seed, args.seed + args.seeds))
-    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra, args.slo_tpot_ms)
+    policy, chosen, judged = train_best_of_seeds(
+        traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra, args.slo_tpot_ms, args.cap_at_schedule
+    )
     measure = "throughput" if args.slo_tpot_ms is None else f"goodput at {args.slo_tpot_ms:g} ms per token"
     print(f"replay on {path}: each policy's {measure} over plain batched decoding's throughput, per load")
     evaluation = judged[chosen]
@@ -171,7 +173,8 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     schedule = schedule_spec(evaluation, profile.batch_sizes[-1])
     print(f"per-batch-size schedule of the best static depths: {schedule}")
     print(f"policy {policy.name} in {out}/ (use it as --policy {out} in adaptive loadtest)")
-    print(f"capped at that schedule (never deeper): --policy capped:{schedule.removeprefix('schedule:')}:{out}")
+    if not args.cap_at_schedule:
+        print(f"capped at that schedule (never deeper): --policy capped:{schedule.removeprefix('schedule:')}:{out}")
     return 0
 
 
@@ -228,6 +231,12 @@ def register(commands) -> None:
         type=float,
         help="reward goodput instead of throughput: a request's tokens count in a round only when round time / its tokens is at or under "
         "this many ms (the load test's --slo-tpot-ms, per round); the static depths and the schedule are judged the same way",
+    )
+    train.add_argument(
+        "--cap-at-schedule",
+        action="store_true",
+        help="train inside the per-batch-size schedule of the best static depths (judged first in replay): the policy never drafts deeper "
+        "than it, so never makes longer rounds, and learns where to draft less; saved with the cap, which loading applies",
     )
     train.add_argument("--out", help="policy folder (default runs/batch-DATE)")
     train.set_defaults(func=cmd_train_batch)
