@@ -57,8 +57,17 @@ class BatchSizeSchedule:
         raise ValueError(f"the schedule {self.name!r} has no depth for batch size {state.batch_size}")
 
 
+def _probe(state: BatchState, depth: int) -> int:
+    """``depth``, or one drafted token where it is 0 and no request drafted in its recent rounds: without a
+    drafted round acceptance is only the prior, and a rule that settles on plain there would never learn it."""
+    if depth == 0 and state.max_depth > 0 and not any(any(rounds) for rounds in state.recent_drafted):
+        return 1
+    return depth
+
+
 class CostModelBatch:
-    """argmax over γ of B · E(α̂, γ) / (γ · draft(B) + target(B, γ + 1)), α̂ pooled over the batch's recent rounds."""
+    """argmax over γ of B · E(α̂, γ) / (γ · draft(B) + target(B, γ + 1)), α̂ pooled over the batch's recent rounds
+    (one token drafted to measure α̂ when no recent round drafted and the prior says plain)."""
 
     name = "costmodel"
 
@@ -68,12 +77,12 @@ class CostModelBatch:
     def depth(self, state: BatchState) -> int:
         accepted = tuple(a for rounds in state.recent_accepted for a in rounds)
         drafted = tuple(d for rounds in state.recent_drafted for d in rounds)
-        return self.profile.best_depth(state.batch_size, acceptance_estimate(accepted, drafted), state.max_depth)
+        return _probe(state, self.profile.best_depth(state.batch_size, acceptance_estimate(accepted, drafted), state.max_depth))
 
 
 class GoodputRule:
     """SmartSpec's rule: argmax over γ of Σ_requests E(α̂_r, γ) / (γ · draft(B) + target(B, γ + 1)), each
-    request's α̂_r from its own recent rounds (arXiv 2406.14066)."""
+    request's α̂_r from its own recent rounds (arXiv 2406.14066); probes as :class:`CostModelBatch` does."""
 
     name = "goodput"
 
@@ -87,7 +96,7 @@ class GoodputRule:
         def goodput(depth: int) -> float:
             return sum(expected_tokens(alpha, depth) for alpha in alphas) / self.profile.round_ms(state.batch_size, depth)
 
-        return max(range(deepest + 1), key=lambda depth: (goodput(depth), -depth))
+        return _probe(state, max(range(deepest + 1), key=lambda depth: (goodput(depth), -depth)))
 
 
 class SpeculationOff:

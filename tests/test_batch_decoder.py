@@ -231,6 +231,14 @@ def test_the_cost_model_drafts_less_as_verification_gets_dearer_with_the_batch()
     for policy in (CostModelBatch(profile), GoodputRule(profile)):
         assert policy.depth(state(1, hits)) >= 4 and policy.depth(state(8, hits)) == 0
         assert policy.depth(state(1, ((0, 0, 0, 0),))) < policy.depth(state(1, hits))
+    dear = synthetic_profile({1: 20.0, 8: 60.0})  # a second token costs 60 % of a step alone: plain at the prior α 0.5
+    assert dear.best_depth(1, 0.5) == 0 < dear.best_depth(1, 0.95)
+    for policy in (CostModelBatch(dear), GoodputRule(dear)):
+        assert policy.depth(BatchState(1, 0, 6)) == 1  # nothing known: one token drafted to measure α
+        assert policy.depth(BatchState(1, 0, 6, ((0, 0, 0, 0),), ((0, 0, 0, 0),))) == 1  # only plain rounds lately: likewise
+        assert policy.depth(BatchState(1, 0, 6, ((1, 1, 1, 1),), ((1, 1, 1, 1),))) >= 1  # every draft accepted
+        assert policy.depth(BatchState(1, 0, 6, ((0, 0, 0, 0),), ((1, 1, 1, 1),))) == 0  # measured low: plain
+        assert policy.depth(BatchState(1, 0, 0)) == 0
     off = make_batch_policy("off-above:2:static:4")
     assert [off.depth(BatchState(b, w, 8)) for b, w in ((1, 0), (2, 0), (2, 1), (8, 0))] == [4, 4, 0, 0]
     with pytest.raises(ValueError, match="needs a batched cost profile"):
