@@ -84,12 +84,11 @@ def judge(env: BatchReplayEnv, policies: dict[str, BatchPolicy], loads: tuple[in
     for load in loads:
         replays = {name: replay_load(env, policy, load, rounds, seed) for name, policy in policies.items()}
         row: dict = {name: replay.rate for name, replay in replays.items()}
+        row["itl p95 ms"] = {name: replay.itl_p95_ms for name, replay in replays.items()}
         statics = {d: row[f"static:{d}"] for d in range(env.max_depth + 1) if f"static:{d}" in row}
         if statics:
             best = max(statics, key=statics.get)
             row["best static"], row["best static depth"] = statics[best], best
-        row["itl p95 ms"] = {name: replay.itl_p95_ms for name, replay in replays.items()}
-        if statics:
             row["itl p95 ms"]["best static"] = replays[f"static:{best}"].itl_p95_ms
         table[str(load)] = row
     return table
