@@ -76,21 +76,21 @@ def replay_load(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int
     return LoadReplay(counted / emitted * plain / seconds, float(np.percentile(gaps, 95)))
 
 
-def judge(env: BatchReplayEnv, policies: dict[str, BatchPolicy], loads: tuple[int, ...], rounds: int = 2000, seed: int = 1) -> dict:
+def judge(env: BatchReplayEnv, policies: dict[str, BatchPolicy], loads: tuple[int, ...], rounds: int = 2000, seed: int = 1, into: dict | None = None) -> dict:
     """Per load, each policy's replayed throughput (goodput, with a latency target) over plain, and under
     ``itl p95 ms`` its inter-token gap p95; adds ``best static`` (the per-load grid: the per-batch-size
-    schedule) and its depth."""
-    table: dict = {}
+    schedule) and its depth once a static depth is in the row. ``into``: an earlier judgement to extend."""
+    table: dict = {} if into is None else into
     for load in loads:
-        replays = {name: replay_load(env, policy, load, rounds, seed) for name, policy in policies.items()}
-        row: dict = {name: replay.rate for name, replay in replays.items()}
-        row["itl p95 ms"] = {name: replay.itl_p95_ms for name, replay in replays.items()}
+        row = table.setdefault(str(load), {"itl p95 ms": {}})
+        for name, policy in policies.items():
+            replay = replay_load(env, policy, load, rounds, seed)
+            row[name], row["itl p95 ms"][name] = replay.rate, replay.itl_p95_ms
         statics = {d: row[f"static:{d}"] for d in range(env.max_depth + 1) if f"static:{d}" in row}
         if statics:
             best = max(statics, key=statics.get)
             row["best static"], row["best static depth"] = statics[best], best
-            row["itl p95 ms"]["best static"] = replays[f"static:{best}"].itl_p95_ms
-        table[str(load)] = row
+            row["itl p95 ms"]["best static"] = row["itl p95 ms"][f"static:{best}"]
     return table
 
 
@@ -127,16 +127,13 @@ def train_batch_policy(
         "timesteps": ppo.timesteps,
         "seed": seed,
         "slo_tpot_ms": slo_tpot_ms,
-        **({"cap": schedule.name.removeprefix("schedule:")} if cap else {}),
+        **({"cap": schedule.spec} if cap else {}),
         **(metadata or {}),
     }
     save_batch_policy(out, net, layers, env.schema, profile, **info)
     policy = make_batch_policy(str(out))
     others = {"costmodel": CostModelBatch(profile), "goodput": GoodputRule(profile), "learned": policy, CAPPED: CappedBySchedule(schedule, policy)}
-    for load, row in judge(judged_env, others, loads).items():
-        gaps = row.pop("itl p95 ms")
-        evaluation[load].update(row)
-        evaluation[load]["itl p95 ms"].update(gaps)
+    judge(judged_env, others, loads, into=evaluation)
     for row in evaluation.values():
         row["learned over best static"] = row["learned"] / row["best static"]
         row["capped over best static"] = row[CAPPED] / row["best static"]

@@ -48,7 +48,7 @@ class BatchSizeSchedule:
                 raise ValueError(f"a batch-size schedule is 'LOW-HIGH=DEPTH,...' (e.g. 1-2=4,3-8=2), got {spec!r}") from None
         if any(low < 1 or high < low or depth < 0 for low, high, depth in self.ranges):
             raise ValueError(f"schedule ranges need 1 <= LOW <= HIGH and DEPTH >= 0, got {spec!r}")
-        self.name = f"schedule:{spec}"
+        self.spec, self.name = spec, f"schedule:{spec}"
 
     def depth(self, state: BatchState) -> int:
         for low, high, depth in self.ranges:
@@ -119,7 +119,7 @@ class CappedBySchedule:
 
     def __init__(self, cap: BatchSizeSchedule, inner: BatchPolicy) -> None:
         self.cap, self.inner = cap, inner
-        self.name = f"capped:{cap.name.removeprefix('schedule:')}:{inner.name}"
+        self.name = f"capped:{cap.spec}:{inner.name}"
 
     def depth(self, state: BatchState) -> int:
         return min(self.inner.depth(state), self.cap.depth(state))

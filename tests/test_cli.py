@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from adaptive.profile import CostProfile
+from policies.batch import make_batch_policy
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -231,8 +232,6 @@ def test_a_batched_profile_feeds_the_load_aware_baselines(model_folders, tmp_pat
 def test_train_batch_prints_the_schedule_and_a_capped_spec_that_loads(tmp_path):
     """PPO (short) on the shipped val traces and batched profile: throughput and gap tables per load, the
     schedule of the best static depths, and a ``capped:`` spec that loads as a batch policy."""
-    from policies.batch import make_batch_policy
-
     out = tmp_path / "batch"
     args = ("--batch-profile", "profiles/smollm2-135m-batch.json", "--traces", "val", "--loads", "1,8", "--max-depth", "3")
     result = run("train-batch", *args, "--timesteps", "1024", "--out", str(out))

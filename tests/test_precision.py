@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaptive.precision import bf16_matmuls, resolve_dtype
+from lab.cli.data import warn_if_emulated_bf16
 
 
 def test_auto_precision_follows_the_cpu_flags():
@@ -16,12 +17,10 @@ def test_auto_precision_follows_the_cpu_flags():
 
 def test_asking_for_bf16_where_it_is_emulated_says_so(caplog):
     """The distillation commands warn when bfloat16 would run emulated on this CPU, and only then."""
-    from lab.cli.data import _warn_if_emulated_bf16
-
     with caplog.at_level("WARNING"):
-        _warn_if_emulated_bf16("float32", "--dtype")
+        warn_if_emulated_bf16("float32", "--dtype")
         assert not caplog.records
-        _warn_if_emulated_bf16("bfloat16", "--target-dtype")
+        warn_if_emulated_bf16("bfloat16", "--target-dtype")
     assert bool(caplog.records) == (not bf16_matmuls())
     if caplog.records:
         assert "--target-dtype float32 is the fast choice" in caplog.text

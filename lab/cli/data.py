@@ -158,7 +158,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_if_emulated_bf16(dtype: str, flag: str) -> None:
+def warn_if_emulated_bf16(dtype: str, flag: str) -> None:
     """Say so when bfloat16 is asked for on a CPU that would only emulate it (several times slower than float32)."""
     if dtype == "bfloat16" and not bf16_matmuls():
         logging.warning(
@@ -175,7 +175,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     prompts = [json.loads(line) for line in Path(args.pool).read_text().splitlines()]
     if args.lang:
         prompts = [p for p in prompts if p["lang"] in args.lang]
-    _warn_if_emulated_bf16(args.dtype, "--dtype")
+    warn_if_emulated_bf16(args.dtype, "--dtype")
     generate_shards(
         prompts,
         Path(args.out),
@@ -194,7 +194,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     it in the background; rerun with the same --out to continue): a standalone model or an EAGLE-3 head."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     kind = Eagle3Kind(args.ttt_steps) if args.kind == "eagle3" else StandaloneKind(args.layers, args.init)
-    _warn_if_emulated_bf16(args.target_dtype, "--target-dtype")
+    warn_if_emulated_bf16(args.target_dtype, "--target-dtype")
     target, tokenizer = load_target("smollm2-135m", args.target_dtype)
     config = TrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed)
     features = None if args.feature_cache == "none" else Path(args.feature_cache)
