@@ -75,6 +75,8 @@ policies() {
     step "$config" $A train experiments/$config.yaml --profile profiles/$PAIR.json
   done
   step batch $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --out runs/batch-rounds
+  step batch-cap $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --cap-at-schedule \
+    --out runs/batch-rounds-cap
 }
 
 evaluations() {
@@ -113,15 +115,15 @@ benchmarks() {
 load() {
   step static $A loadtest --pair $PAIR --dtype "$DTYPE" --policy static:1 --policy static:2 --policy static:3 --policy static:4 \
     --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out loadtests/static
-  # the learned policy, uncapped and capped at the per-batch-size schedule that train-batch found in replay (both
-  # printed in its log), against that schedule, in the same run
+  # the learned policy, uncapped, capped at the per-batch-size schedule that train-batch found in replay (both
+  # printed in its log) and trained inside that schedule, against the schedule, in the same run
   local trained=$LOG/policies-batch.log
   local schedule="schedule:(as printed in $trained)" capped="capped:(as printed in $trained)"
   if [[ -z "${DRY_RUN:-}" ]]; then
     schedule=$(grep -o 'schedule:[^ ]*' "$trained" 2>/dev/null | tail -1) || { echo "load-learned needs $trained: run the policies stage first"; exit 1; }
     capped=$(grep -o 'capped:[^ ]*' "$trained" | tail -1) || { echo "$trained names no capped policy: rerun the policies stage"; exit 1; }
   fi
-  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$capped" --policy "$schedule" \
+  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$capped" --policy runs/batch-rounds-cap --policy "$schedule" \
     --concurrency 1,2,4,8 --requests 16 --repeats 2 --out loadtests/learned
 }
 
