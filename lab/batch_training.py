@@ -113,7 +113,7 @@ def train_batch_policy(
     and the policy is saved with that cap, which :func:`~policies.batch.make_batch_policy` applies on loading."""
     judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms)
     evaluation = judge(judged_env, {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}, loads)
-    schedule = BatchSizeSchedule(schedule_spec(evaluation, profile.batch_sizes[-1]).removeprefix("schedule:"))
+    schedule = best_static_schedule(evaluation, profile.batch_sizes[-1])
     cap = schedule if cap_at_schedule else None
     env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms, cap=cap)
     env.reset(seed=seed)
@@ -188,9 +188,9 @@ def train_best_of_seeds(
     return make_batch_policy(str(out)), chosen, judged
 
 
-def schedule_spec(evaluation: dict, largest: int) -> str:
-    """The per-batch-size schedule of the best static depths the judgement found (``schedule:`` spec), each
-    load's depth up to the next load, the last one up to ``largest``."""
+def best_static_schedule(evaluation: dict, largest: int) -> BatchSizeSchedule:
+    """The per-batch-size schedule of the best static depths the judgement found, each load's depth up to the
+    next load, the last one up to ``largest``."""
     loads = sorted(int(load) for load in evaluation)
     highs = [nxt - 1 for nxt in loads[1:]] + [largest]
-    return "schedule:" + ",".join(f"{low}-{high}={evaluation[str(low)]['best static depth']}" for low, high in zip(loads, highs))
+    return BatchSizeSchedule(",".join(f"{low}-{high}={evaluation[str(low)]['best static depth']}" for low, high in zip(loads, highs)))

@@ -14,7 +14,7 @@ from adaptive.decoder import SpeculativeDecoder
 from adaptive.learned_batch_policy import load_batch_policy
 from adaptive.recorder import record
 from envs.batch_replay import BatchReplayEnv
-from lab.batch_training import CAPPED, judge, replay_load, schedule_spec, train_batch_policy, train_best_of_seeds, worst_load_ratio
+from lab.batch_training import CAPPED, best_static_schedule, judge, replay_load, train_batch_policy, train_best_of_seeds, worst_load_ratio
 from lab.config import PPOConfig
 from policies import make_policy
 from policies.batch import BatchSizeSchedule, FixedBatchDepth, make_batch_policy
@@ -72,7 +72,7 @@ def test_a_load_aware_policy_learns_to_draft_alone_and_not_in_a_full_batch(trace
     assert evaluation["1"]["best static depth"] > 0 == evaluation["8"]["best static depth"]
     for load in ("1", "8"):
         assert evaluation[load]["learned over best static"] > 0.95, evaluation
-    assert schedule_spec(evaluation, 8) == f"schedule:1-7={evaluation['1']['best static depth']},8-8=0"
+    assert best_static_schedule(evaluation, 8).name == f"schedule:1-7={evaluation['1']['best static depth']},8-8=0"
     assert make_batch_policy(str(tmp_path / "run")).name == load_batch_policy(tmp_path / "run").name == policy.name
     for load in ("1", "8"):  # capped at the schedule: never a longer gap than the schedule's (round cost grows with depth here)
         row = evaluation[load]
@@ -156,9 +156,8 @@ def test_a_policy_trained_inside_the_schedule_never_drafts_deeper_than_it(traces
         assert env.step(action)[-1]["depth"] == min(action, 2 if size < 8 else 0)
     ppo = PPOConfig(timesteps=2048, n_steps=1024, batch_size=256, gamma=0.9)
     policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, cap_at_schedule=True)
-    schedule = schedule_spec(evaluation, 8).removeprefix("schedule:")
-    assert policy.name == f"capped:{schedule}:learned-batch:run" == make_batch_policy(str(tmp_path / "run")).name
-    limits = BatchSizeSchedule(schedule)
+    limits = best_static_schedule(evaluation, 8)
+    assert policy.name == f"capped:{limits.spec}:learned-batch:run" == make_batch_policy(str(tmp_path / "run")).name
     for load in (1, 8):
         env = BatchReplayEnv(traces, profile, loads=(load,), switch_prob=0.0, max_depth=4, rounds=10**9)
         env.reset(seed=2)

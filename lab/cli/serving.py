@@ -12,7 +12,7 @@ from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from envs.factory import default_traces
-from lab.batch_training import CAPPED, schedule_spec, train_best_of_seeds, worst_load_ratio
+from lab.batch_training import CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
@@ -170,11 +170,11 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
         ]
         print(format_table(["seed", *(f"learned / best static at load {load}" for load in evaluation), "worst load"], ratios))
         print(f"kept seed {chosen} (the best worst load); every seed's run in {out}/seed-N")
-    schedule = schedule_spec(evaluation, profile.batch_sizes[-1])
-    print(f"per-batch-size schedule of the best static depths: {schedule}")
+    schedule = best_static_schedule(evaluation, profile.batch_sizes[-1])
+    print(f"per-batch-size schedule of the best static depths: {schedule.name}")
     print(f"policy {policy.name} in {out}/ (use it as --policy {out} in adaptive loadtest)")
     if not args.cap_at_schedule:
-        print(f"capped at that schedule (never deeper): --policy capped:{schedule.removeprefix('schedule:')}:{out}")
+        print(f"capped at that schedule (never deeper): --policy capped:{schedule.spec}:{out}")
     return 0
 
 
