@@ -17,7 +17,8 @@ target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound.
 
 With a ``cap`` (a batch policy, e.g. a per-batch-size schedule), an action deeper than the cap's depth runs at
 the cap's depth: a policy trained so never drafts deeper than the cap and learns where to draft less.
-Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds (truncated; the load and the
+For judging, :meth:`BatchReplayEnv.oracle_depth` is the replay-only myopic oracle (each round's best depth,
+knowing every request's match length). Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds (truncated; the load and the
 requests carry on across resets only through the random generator).
 """
 
@@ -98,6 +99,16 @@ class BatchReplayEnv(gym.Env):
             tuple(tuple(r.drafted[-RECENT_ROUNDS:]) for r in self.batch),
         )
 
+    def oracle_depth(self, cap: int) -> int:
+        """Replay only, the myopic oracle: of depths 0..``cap``, the one whose round emits the most tokens per
+        second (counted as the reward counts them), knowing every request's match length (ties: the shallower)."""
+
+        def rate(depth: int) -> float:
+            round_ms = self.profile.round_ms(len(self.batch), depth)
+            return sum(self._counted(self._tokens(r, depth), round_ms) for r in self.batch) / round_ms
+
+        return max(range(min(cap, self.max_depth) + 1), key=lambda depth: (rate(depth), -depth))
+
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
         depth = int(action)
         if not 0 <= depth <= self.max_depth:
@@ -110,17 +121,16 @@ class BatchReplayEnv(gym.Env):
         emitted = counted = 0
         tokens_per_request = []
         for request in self.batch:
-            start, length = self._offsets[request.prompt], self._offsets[request.prompt + 1] - self._offsets[request.prompt]
-            accepted = min(depth, self._match[start + request.t])
-            tokens = min(accepted + 1, length - request.t)
+            accepted = min(depth, self._match[self._offsets[request.prompt] + request.t])
+            tokens = self._tokens(request, depth)
             emitted += tokens
             tokens_per_request.append(tokens)
-            counted += tokens if self.slo_tpot_ms is None or round_ms / tokens <= self.slo_tpot_ms else 0
+            counted += self._counted(tokens, round_ms)
             request.t += accepted + 1
             request.accepted.append(accepted)
             request.drafted.append(depth)
         reward = (counted / seconds) / (size / plain)
-        self.batch = [r for r in self.batch if r.t < self._offsets[r.prompt + 1] - self._offsets[r.prompt]]
+        self.batch = [r for r in self.batch if self._remaining(r) > 0]
         if self.np_random.random() < self.switch_prob:
             self.concurrency = int(self.np_random.choice(self.loads))
         self._fill()
@@ -135,6 +145,19 @@ class BatchReplayEnv(gym.Env):
             "tokens_per_request": tokens_per_request,
         }
         return self._observation(), float(reward), False, self._round >= self.rounds, info
+
+    def _tokens(self, request: _Request, depth: int) -> int:
+        """Tokens ``request`` emits in a round of ``depth``: its accepted run and one more, within its output."""
+        return min(min(depth, self._match[self._offsets[request.prompt] + request.t]) + 1, self._remaining(request))
+
+    def _counted(self, tokens: int, round_ms: float) -> int:
+        """``tokens`` as the reward counts them: all, or with a latency target none when the round's time per
+        token misses it."""
+        return tokens if self.slo_tpot_ms is None or round_ms / tokens <= self.slo_tpot_ms else 0
+
+    def _remaining(self, request: _Request) -> int:
+        """Tokens of ``request``'s recorded output not yet emitted."""
+        return self._offsets[request.prompt + 1] - self._offsets[request.prompt] - request.t
 
     def _fill(self) -> None:
         """Closed loop: new requests until ``concurrency`` are in flight (none leave early when it drops)."""

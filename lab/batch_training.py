@@ -4,7 +4,8 @@ cost model and SmartSpec's goodput rule, at each load of its training range — 
 latency target on goodput (:class:`~envs.batch_replay.BatchReplayEnv`'s ``slo_tpot_ms``), and on the 95th
 percentile of the gaps between tokens. The learned policy is also judged capped at the schedule found:
 never deeper than it at any batch size, so where a round's cost grows with its depth, never a longer round
-and never a longer gap."""
+and never a longer gap. A replay-only oracle, free and capped at the schedule, bounds what choosing each
+round's depth could gain."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.learned_batch_policy import save_batch_policy
-from adaptive.policy import BatchPolicy
+from adaptive.policy import BatchPolicy, BatchState
 from adaptive.traces import TraceSet
 from envs.batch_replay import BatchReplayEnv
 from lab.config import PPOConfig
@@ -29,6 +30,21 @@ from policies.batch import BatchSizeSchedule, CappedBySchedule, CostModelBatch, 
 
 CAPPED = "learned, capped"
 """The learned policy capped at the per-batch-size schedule the judgement found (:class:`CappedBySchedule`)."""
+ORACLE, ORACLE_CAPPED = "oracle", "oracle, capped"
+"""The replay-only myopic oracle (:class:`ReplayOracle`), free and within the schedule: what a policy choosing
+each round's depth could gain at most, and at most without longer rounds than the schedule's."""
+
+
+class ReplayOracle:
+    """Replay only: each round the depth :meth:`~envs.batch_replay.BatchReplayEnv.oracle_depth` picks on
+    ``env``, within ``cap``'s depth (without one, the decoder's cap)."""
+
+    def __init__(self, env: BatchReplayEnv, cap: BatchPolicy | None = None) -> None:
+        self.env, self.cap = env, cap
+        self.name = ORACLE if cap is None else ORACLE_CAPPED
+
+    def depth(self, state: BatchState) -> int:
+        return self.env.oracle_depth(state.max_depth if self.cap is None else self.cap.depth(state))
 
 
 class _Bar(BaseCallback):
@@ -132,11 +148,18 @@ def train_batch_policy(
     }
     save_batch_policy(out, net, layers, env.schema, profile, **info)
     policy = make_batch_policy(str(out))
-    others = {"costmodel": CostModelBatch(profile), "goodput": GoodputRule(profile), "learned": policy, CAPPED: CappedBySchedule(schedule, policy)}
+    others = {
+        "costmodel": CostModelBatch(profile),
+        "goodput": GoodputRule(profile),
+        "learned": policy,
+        CAPPED: CappedBySchedule(schedule, policy),
+        ORACLE: ReplayOracle(judged_env),
+        ORACLE_CAPPED: ReplayOracle(judged_env, schedule),
+    }
     judge(judged_env, others, loads, into=evaluation)
     for row in evaluation.values():
-        row["learned over best static"] = row["learned"] / row["best static"]
-        row["capped over best static"] = row[CAPPED] / row["best static"]
+        for name, key in (("learned", "learned"), (CAPPED, "capped"), (ORACLE, ORACLE), (ORACLE_CAPPED, "capped oracle")):
+            row[f"{key} over best static"] = row[name] / row["best static"]
     (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
     return policy, evaluation
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -14,7 +15,18 @@ from adaptive.decoder import SpeculativeDecoder
 from adaptive.learned_batch_policy import load_batch_policy
 from adaptive.recorder import record
 from envs.batch_replay import BatchReplayEnv
-from lab.batch_training import CAPPED, best_static_schedule, judge, replay_load, train_batch_policy, train_best_of_seeds, worst_load_ratio
+from lab.batch_training import (
+    CAPPED,
+    ORACLE,
+    ORACLE_CAPPED,
+    ReplayOracle,
+    best_static_schedule,
+    judge,
+    replay_load,
+    train_batch_policy,
+    train_best_of_seeds,
+    worst_load_ratio,
+)
 from lab.config import PPOConfig
 from policies import make_policy
 from policies.batch import BatchSizeSchedule, FixedBatchDepth, make_batch_policy
@@ -81,6 +93,33 @@ def test_a_load_aware_policy_learns_to_draft_alone_and_not_in_a_full_batch(trace
     assert evaluation["8"][CAPPED] == pytest.approx(1.0)  # the schedule says plain in a full batch, and so does the cap
     again = judge(BatchReplayEnv(traces, profile, (1, 8), 0.0, 4, rounds=10**9), {"static:0": FixedBatchDepth(0)}, (1, 8), rounds=200)
     assert again["8"]["static:0"] == pytest.approx(1.0)
+
+
+def test_the_replay_oracle_picks_the_round_that_emits_most_per_second_and_bounds_the_static_depths(traces):
+    """Each round the oracle's depth is the one whose round, run on a copy of the environment, emits the most
+    tokens per second (the shallower on a tie); replayed at a load it is at least as fast as every static depth
+    (faster alone, where speculation pays), and within the per-batch-size schedule it never makes a longer gap."""
+    profile = synthetic_profile({1: 0.5, 8: 60.0})
+    env = BatchReplayEnv(traces, profile, loads=(1, 8), switch_prob=0.3, max_depth=4, rounds=10**6)
+    env.reset(seed=5)
+    for _ in range(60):
+        rates = []
+        for depth in range(5):
+            info = copy.deepcopy(env).step(depth)[-1]
+            rates.append(info["emitted"] / info["seconds"])
+        chosen = env.oracle_depth(4)
+        assert rates[chosen] == max(rates) and all(rate < rates[chosen] for rate in rates[:chosen])
+        assert env.oracle_depth(1) == max(range(2), key=lambda d: (rates[d], -d))
+        env.step(chosen)
+    judged_env = BatchReplayEnv(traces, profile, (1, 8), 0.0, 4, rounds=10**9)
+    statics = {f"static:{d}": FixedBatchDepth(d) for d in range(5)}
+    evaluation = judge(judged_env, statics, (1, 8), rounds=400)
+    schedule = best_static_schedule(evaluation, 8)
+    judge(judged_env, {ORACLE: ReplayOracle(judged_env), ORACLE_CAPPED: ReplayOracle(judged_env, schedule)}, (1, 8), rounds=400, into=evaluation)
+    for row in evaluation.values():
+        assert row[ORACLE] >= row["best static"] and row[ORACLE_CAPPED] >= row["best static"]
+        assert row["itl p95 ms"][ORACLE_CAPPED] <= row["itl p95 ms"]["best static"] + 1e-9
+    assert evaluation["1"][ORACLE] > evaluation["1"]["best static"] * 1.01  # alone, where speculation pays, knowing m(t) pays more
 
 
 def test_training_several_seeds_keeps_the_one_best_at_its_worst_load(traces, tmp_path):

@@ -12,7 +12,7 @@ from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from envs.factory import default_traces
-from lab.batch_training import CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
+from lab.batch_training import CAPPED, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
@@ -150,7 +150,7 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     measure = "throughput" if args.slo_tpot_ms is None else f"goodput at {args.slo_tpot_ms:g} ms per token"
     print(f"replay on {path}: each policy's {measure} over plain batched decoding's throughput, per load")
     evaluation = judged[chosen]
-    names = [f"static:{d}" for d in range(args.max_depth + 1)] + ["best static", "costmodel", "goodput", "learned", CAPPED]
+    names = [f"static:{d}" for d in range(args.max_depth + 1)] + ["best static", "costmodel", "goodput", "learned", CAPPED, ORACLE, ORACLE_CAPPED]
     rows = [
         [
             load,
@@ -158,10 +158,11 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
             row["best static depth"],
             f"{row['learned over best static']:.3f}",
             f"{row['capped over best static']:.3f}",
+            f"{row['capped oracle over best static']:.3f}",
         ]
         for load, row in evaluation.items()
     ]
-    print(format_table(["load", *names, "best depth", "learned / best static", "capped / best static"], rows))
+    print(format_table(["load", *names, "best depth", "learned / best static", "capped / best static", "capped oracle / best static"], rows))
     print("inter-token gap p95 in replay (ms; a round's first token per request waits the round, the rest arrive with it), per load")
     print(format_table(["load", *names], [[load, *(f"{row['itl p95 ms'][name]:.1f}" for name in names)] for load, row in evaluation.items()]))
     if len(seeds) > 1:
