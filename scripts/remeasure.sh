@@ -11,8 +11,9 @@
 # retarget replays the quickstart policy under other machines' profiles: one measured here with one thread, the
 # slow Xeon's (committed), three derived what-ifs).
 # Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked done (STAGE-NAME.done) when it
-# exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. DTYPE (default
-# auto) is the precision of every step; DRY_RUN=1 prints the steps only.
+# exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. A step that writes
+# into runs/ (never committed) runs again where its output is missing, so a fresh clone can resume. DTYPE
+# (default auto) is the precision of every step; DRY_RUN=1 prints the steps only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -26,12 +27,20 @@ STAGES=(profiles traces policies evaluations speedup load benchmarks retarget)
 mkdir -p "$LOG"
 
 step() {
-  # step NAME COMMAND...: run COMMAND once (skipped when NAME.done exists), its output in NAME.log.
-  local name="$STAGE-$1"
+  # step NAME [--creates PATH] COMMAND...: run COMMAND once (skipped when NAME.done exists and PATH, if given,
+  # exists too), its output in NAME.log.
+  local name="$STAGE-$1" creates=""
   shift
+  if [[ "$1" == "--creates" ]]; then
+    creates=$2
+    shift 2
+  fi
   if [[ -e "$LOG/$name.done" ]]; then
-    echo "done already: $name"
-    return
+    if [[ -z "$creates" || -e "$creates" ]]; then
+      echo "done already: $name"
+      return
+    fi
+    echo "$name was done, but $creates is missing (runs/ is not committed): running it again"
   fi
   echo "$(date -u +%FT%TZ) $name: $*"
   [[ -n "${DRY_RUN:-}" ]] && return
@@ -71,11 +80,13 @@ traces() {
 
 policies() {
   local config
+  local config name
   for config in quickstart tree copy copy-model-only cotrain; do
-    step "$config" $A train experiments/$config.yaml --profile profiles/$PAIR.json
+    name=$(sed -n 's/^name: *//p' experiments/$config.yaml)
+    step "$config" --creates "runs/$name-latest" $A train experiments/$config.yaml --profile profiles/$PAIR.json
   done
-  step batch $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --out runs/batch-rounds
-  step batch-cap $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --cap-at-schedule \
+  step batch --creates runs/batch-rounds $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --out runs/batch-rounds
+  step batch-cap --creates runs/batch-rounds-cap $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --cap-at-schedule \
     --out runs/batch-rounds-cap
 }
 
