@@ -13,7 +13,8 @@
 # Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked done (STAGE-NAME.done) when it
 # exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. A step that writes
 # into runs/ (never committed) runs again where its output is missing, so a fresh clone can resume. DTYPE
-# (default auto) is the precision of every step; DRY_RUN=1 prints the steps only.
+# (default auto) is the precision of every step; DRY_RUN=1 prints the steps only; ONLY="STAGE-NAME ..." runs only
+# those steps (e.g. ONLY="traces-test traces-val-tree" to fit what is left of a session).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -34,6 +35,10 @@ step() {
   if [[ "$1" == "--creates" ]]; then
     creates=$2
     shift 2
+  fi
+  if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then
+    echo "not in ONLY: $name"
+    return
   fi
   if [[ -e "$LOG/$name.done" ]]; then
     if [[ -z "$creates" || -e "$creates" ]]; then
