@@ -121,7 +121,7 @@ class BatchReplayEnv(gym.Env):
         emitted = counted = 0
         tokens_per_request = []
         for request in self.batch:
-            accepted = min(depth, self._match[self._offsets[request.prompt] + request.t])
+            accepted = self._accepted(request, depth)
             tokens = self._tokens(request, depth)
             emitted += tokens
             tokens_per_request.append(tokens)
@@ -146,9 +146,13 @@ class BatchReplayEnv(gym.Env):
         }
         return self._observation(), float(reward), False, self._round >= self.rounds, info
 
+    def _accepted(self, request: _Request, depth: int) -> int:
+        """Drafted tokens ``request`` accepts in a round of ``depth``: its recorded match length, cut at the depth."""
+        return min(depth, self._match[self._offsets[request.prompt] + request.t])
+
     def _tokens(self, request: _Request, depth: int) -> int:
         """Tokens ``request`` emits in a round of ``depth``: its accepted run and one more, within its output."""
-        return min(min(depth, self._match[self._offsets[request.prompt] + request.t]) + 1, self._remaining(request))
+        return min(self._accepted(request, depth) + 1, self._remaining(request))
 
     def _counted(self, tokens: int, round_ms: float) -> int:
         """``tokens`` as the reward counts them: all, or with a latency target none when the round's time per

@@ -84,7 +84,6 @@ traces() {
 }
 
 policies() {
-  local config
   local config name
   for config in quickstart tree copy copy-model-only cotrain; do
     name=$(sed -n 's/^name: *//p' experiments/$config.yaml)
