@@ -19,11 +19,14 @@ policy also with this draft, in the same interleaved run — "POLICY [NAME]" —
 drafter beside the draft for every policy, so policies with a source — static:G:copy, static:G:copy+model,
 suffix — can use it, plus transformers' prompt-lookup rule as a drafter of its own, drafting to its cap of 10; --tree:
 a tree round counts as a rejection when its accepted path stops short of the tree's depth.)
+Every finished prompt is kept in OUT.SAMPLING.partial.jsonl until the report is written: a killed run, started again
+with the same arguments on the same kind of machine, resumes there (another machine or other arguments: refused).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -128,6 +131,7 @@ def run(args: argparse.Namespace) -> dict:
         "trees": [f"{shape.branching},{shape.width},{shape.size}" for shape in args.tree],
         "runs": {},
     }
+    identity = {"dtype": report["dtype"], "drafts": {suffix: digest(draft) for suffix, draft in drafts.items()}, "policies": policy_digests(args.policies)}
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
         decoders = {
@@ -164,7 +168,19 @@ def run(args: argparse.Namespace) -> dict:
                     for name, mode in HF_MODES.items()
                 }
             )
-        live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, sampling.describe(), sampling, args.seed)
+        live = live_protocol.measure(
+            pair.target,
+            prompts,
+            ids,
+            decoders,
+            args.new_tokens,
+            args.repeats,
+            sampling.describe(),
+            sampling,
+            args.seed,
+            checkpoint=partial_path(args.out, sampling),
+            identity=identity,
+        )
         if sampling.is_greedy:
             for name, rows in live.items():
                 for row, plain, prompt_ids in zip(rows, live[live_protocol.PLAIN], ids, strict=True):
@@ -172,6 +188,36 @@ def run(args: argparse.Namespace) -> dict:
                     row["near_tie"] = None if divergence is None else divergence.near_tie
         report["runs"][sampling.describe()] = live
     return report
+
+
+def digest(draft) -> str | None:
+    """A SHA-256 of a draft module's weights (None for a drafter without any)."""
+    if not isinstance(draft, torch.nn.Module):
+        return None
+    sha = hashlib.sha256()
+    for name, tensor in sorted(draft.state_dict().items()):
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()
+
+
+def policy_digests(specs: list[str]) -> dict[str, str]:
+    """A SHA-256 of the files of each learned policy given by path (a retrained ``runs/NAME-latest`` differs)."""
+    digests = {}
+    for spec in specs:
+        folder = Path(spec).resolve()
+        if folder.exists():
+            sha = hashlib.sha256()
+            for file in sorted(f for f in (folder.rglob("*") if folder.is_dir() else [folder]) if f.is_file()):
+                sha.update(file.name.encode() + file.read_bytes())
+            digests[spec] = sha.hexdigest()
+    return digests
+
+
+def partial_path(out: Path, sampling: SamplingConfig) -> Path:
+    """Where the run with ``sampling`` keeps each finished prompt until the report is written (commit it to carry
+    a long run into another session on the same kind of machine; a rerun resumes from it)."""
+    return out.with_name(f"{out.name}.{sampling.describe().replace(' ', '_')}.partial.jsonl")
 
 
 def summarise(report: dict) -> str:
@@ -215,8 +261,7 @@ def summarise(report: dict) -> str:
     hw = report["hardware"]
     lines.append(
         f"Hardware: {hw['processor']}, {hw['torch_threads']} torch threads, torch {hw['torch']}; pair {report['pair']}, "
-        f"draft {report['draft']}, {report['dtype']}."
-        + "".join(f" [{name}]: {what}." for name, what in report.get("also_drafts", {}).items())
+        f"draft {report['draft']}, {report['dtype']}." + "".join(f" [{name}]: {what}." for name, what in report.get("also_drafts", {}).items())
     )
     return "\n".join(lines)
 
@@ -270,6 +315,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     args.out.with_suffix(".md").write_text(table + "\n")
+    for temperature in args.temperatures:
+        partial_path(args.out, SamplingConfig(temperature)).unlink()
     print(table)
 
 

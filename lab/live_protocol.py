@@ -9,8 +9,10 @@ prompt together), and a ratio whose interval covers 1 is reported as "not signif
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -19,6 +21,7 @@ from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
 from adaptive.precision import DEFAULT_DTYPE
+from adaptive.profiling import hardware_description
 from adaptive.sampling import GREEDY, SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, interleave_tasks, load_prompts
 from lab.evaluation import paired_ratio, verdict
@@ -68,6 +71,8 @@ def measure(
     desc: str = "live",
     sampling: SamplingConfig = GREEDY,
     seed: int = 0,
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
 ) -> dict[str, list[dict]]:
     """Plain decoding of ``target`` and every decoder (factories of objects with ``generate(ids, n, seed=)``
     returning a :class:`~adaptive.generation.GenerationResult`) on each prompt (workload rows with ``id`` and
@@ -76,13 +81,30 @@ def measure(
     Per configuration (``plain`` and each decoder's name) one row per prompt: tokens, the median
     seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them), rounds, accepted
     and rejecting rounds, TTFT, inter-token gaps and token ids of the median run, whether every run's
-    output equals plain's, peak memory. A progress bar over generations shows the time left."""
+    output equals plain's, peak memory. A progress bar over generations shows the time left.
+
+    With ``checkpoint`` (a JSONL file) every finished prompt's rows are appended to it, and a later call with
+    the same file skips those prompts: a long measurement resumes where it was killed. Rows measured on other
+    hardware or with other settings, or another ``identity`` (whatever else the rows depend on, e.g. digests of
+    the draft's and the policies' weights), are refused (:func:`resume`), never mixed in."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = [PLAIN, *decoders]
-    results: dict[str, list[dict]] = {name: [] for name in names}
-    with tqdm(total=len(prompts) * repeats * len(names), desc=desc, unit="generation") as progress:
-        for index, (prompt, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
+    header = {
+        "hardware": hardware_description(target.device),
+        "configurations": names,
+        "prompts": [prompt["id"] for prompt in prompts],
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "sampling": sampling.describe(),
+        "seed": seed,
+        "identity": identity,
+    }
+    done = resume(checkpoint, header) if checkpoint else []
+    results: dict[str, list[dict]] = {name: [row[name] for row in done] for name in names}
+    with tqdm(total=len(prompts) * repeats * len(names), initial=len(done) * repeats * len(names), desc=desc, unit="generation") as progress:
+        for index in range(len(done), len(prompts)):
+            prompt, ids = prompts[index], prompt_ids[index]
             runs: dict[str, list] = {name: [] for name in names}
             for repeat in range(repeats):
                 for name in rotation(names, index * repeats + repeat):
@@ -94,9 +116,45 @@ def measure(
                     runs[name].append((result, peak.mib))
                     progress.update()
             plain_tokens = runs[PLAIN][0][0].token_ids
-            for name, done in runs.items():
-                results[name].append(_row(prompt, done, plain_tokens))
+            rows = {name: _row(prompt, runs[name], plain_tokens) for name in names}
+            for name, row in rows.items():
+                results[name].append(row)
+            if checkpoint:
+                checkpoint.parent.mkdir(parents=True, exist_ok=True)
+                with checkpoint.open("a", encoding="utf-8") as file:
+                    file.write(("" if index else json.dumps({"header": header}) + "\n") + json.dumps({"prompt": prompt["id"], "rows": rows}) + "\n")
     return results
+
+
+def resume(checkpoint: Path, header: dict) -> list[dict[str, dict]]:
+    """The per-prompt rows a checkpoint of :func:`measure` holds (each: configuration -> row), in prompt order
+    (none where it does not exist yet: its first prompt writes ``header`` first). A checkpoint written with another
+    ``header`` (hardware, configurations, prompts, tokens, repeats, sampling, seed, identity) is an error naming what
+    differs; a last line cut short by a kill is dropped."""
+    if not checkpoint.exists():
+        return []
+    lines = checkpoint.read_text(encoding="utf-8").splitlines()
+    saved = json.loads(lines[0])["header"]
+    differs = [key for key in header if saved.get(key) != header[key]]
+    if differs:
+        raise ValueError(
+            f"{checkpoint} was measured with other {', '.join(differs)} "
+            f"({'; '.join(f'{key}: {saved.get(key)!r} there, {header[key]!r} here' for key in differs)}); "
+            "delete it to measure afresh, or resume where it was made"
+        )
+    done = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{checkpoint}: line {number} is not JSON") from None
+            checkpoint.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")  # cut short by a kill: measured again
+            break
+        if entry["prompt"] != header["prompts"][len(done)]:
+            raise ValueError(f"{checkpoint}: line {number} holds prompt {entry['prompt']!r}, expected {header['prompts'][len(done)]!r}")
+        done.append(entry["rows"])
+    return done
 
 
 def measure_policies(

@@ -57,6 +57,25 @@ def test_measure_rotates_repeats_and_keeps_medians(target, near_draft):
         live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=4, repeats=0)
 
 
+def test_a_checkpointed_measurement_resumes_where_it_was_killed(target, near_draft, tmp_path):
+    """Each finished prompt is kept in the checkpoint; a rerun measures only what is missing (a line cut short by
+    a kill included) and gives the same rows; other settings are refused, not mixed in."""
+    log: list[str] = []
+    decoders = {"static:2": lambda: Logged("static:2", SpeculativeDecoder(target, near_draft, make_policy("static:2")), log)}
+    checkpoint = tmp_path / "live.partial.jsonl"
+    first = live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=8, repeats=1, checkpoint=checkpoint)
+    assert len(log) == len(PROMPTS) and len(checkpoint.read_text().splitlines()) == 1 + len(PROMPTS)
+    again = live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=8, repeats=1, checkpoint=checkpoint)
+    assert len(log) == len(PROMPTS) and again == first  # nothing measured twice
+    lines = checkpoint.read_text().splitlines()
+    checkpoint.write_text("\n".join([*lines[:-1], lines[-1][:40]]))  # killed while writing the last prompt
+    resumed = live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=8, repeats=1, checkpoint=checkpoint)
+    assert len(log) == len(PROMPTS) + 1 and [r["id"] for r in resumed["static:2"]] == ["a", "b", "c"]
+    assert resumed["plain"][:2] == first["plain"][:2] and resumed["plain"][2]["token_ids"] == first["plain"][2]["token_ids"]
+    with pytest.raises(ValueError, match="other repeats"):
+        live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=8, repeats=2, checkpoint=checkpoint)
+
+
 def test_paired_intervals_and_their_wording():
     base = [(10, 1.0), (10, 2.0), (10, 1.5), (10, 1.2)]
     twice = [(t, s / 2) for t, s in base]
