@@ -17,15 +17,21 @@ CHOICES = (DEFAULT_DTYPE, "float32", "bfloat16", "float16")
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as ``/proc/cpuinfo`` lists them (empty where it cannot be read)."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(flags.partition(":")[2].split())
+
+
+@functools.cache
 def bf16_matmuls(device: str = "cpu") -> bool:
     """True where bf16 matrix products run natively (on CPUs: the ``avx512_bf16`` or ``amx_bf16`` flag)."""
     if device.startswith("cuda"):
         return torch.cuda.is_available()
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in BF16_CPU_FLAGS)
+    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:

@@ -19,8 +19,15 @@ from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.generation import Clock
+from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask
+
+MATRIX_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+"""The CPU flags that decide how fast a forward runs (two CPUs of one model name may differ in them, e.g. under KVM)."""
+SAME_MACHINE_KEYS = ("processor", "matrix_flags", "cpu_count", "torch_threads", "torch", "device", "gpu")
+"""The entries of :func:`hardware_description` that must agree for timings to carry from one machine to another
+(torch included: its kernels are part of the speed)."""
 
 
 def hardware_description(device: torch.device) -> dict[str, str | int]:
@@ -28,6 +35,7 @@ def hardware_description(device: torch.device) -> dict[str, str | int]:
     info: dict[str, str | int] = {
         "machine": platform.machine(),
         "processor": _cpu_model(),
+        "matrix_flags": " ".join(flag for flag in MATRIX_FLAGS if flag in cpu_flags()),
         "cpu_count": os.cpu_count() or 0,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -37,6 +45,12 @@ def hardware_description(device: torch.device) -> dict[str, str | int]:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def hardware_differences(recorded: dict, here: dict) -> list[str]:
+    """How the machine that ``recorded`` describes differs from ``here`` (both :func:`hardware_description`s),
+    one line per entry of :data:`SAME_MACHINE_KEYS`; empty when timings measured there hold here."""
+    return [f"{key}: {recorded.get(key, 'not recorded')!r} there, {here.get(key)!r} here" for key in SAME_MACHINE_KEYS if recorded.get(key) != here.get(key)]
 
 
 def _cpu_model() -> str:

@@ -9,6 +9,7 @@ nothing but this comparison.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from adaptive.costmodel import expected_tokens, round_cost
 from adaptive.learned_policy import load_policy
 from adaptive.policy import DraftPolicy
 from adaptive.profile import CostProfile
+from adaptive.profiling import hardware_description, hardware_differences
 from adaptive.traces import TraceSet
 from adaptive.workload import LANGUAGES
 from envs.factory import default_traces
@@ -42,6 +44,8 @@ from lab.report import format_table
 from lab.tracking import Tracker
 from policies import make_policy
 from policies.oracle import OraclePolicy
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_STATIC = 4
 """The untuned static depth the parameter gain is measured against."""
@@ -152,6 +156,9 @@ def evaluate(
     resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
     pair = live_protocol.warm_pair(config.pair, config.dtype) if live_per_language or grid_live_per_language or calibration_per_language else None
+    elsewhere = hardware_differences(profile.hardware, hardware_description(pair.target.device)) if pair else []
+    if elsewhere:
+        logger.warning("%s was measured on other hardware (%s): live runs judge policies fitted to it off their machine", config.env.profile, elsewhere)
     policies, fitted = candidates(config, profile, learned, pair, grid_live_per_language, new_tokens, repeats)
     calibration = None
     if calibration_per_language:
@@ -186,6 +193,7 @@ def evaluate(
         "live_gains": gains,
         "test_prompts": len(test),
         "calibration": calibration,
+        "profile_elsewhere": elsewhere,
         **provenance(config, profile, out, live_per_language, repeats, new_tokens),
     }
     (out / "evaluation.json").write_text(json.dumps(result, indent=1))
@@ -256,11 +264,17 @@ def _gain_line(label: str, gain: dict, where: str) -> str:
     return f"- {label} ({where}): {gain['ratio'] - 1:+.1%} [{gain['low'] - 1:+.1%}, {gain['high'] - 1:+.1%}]{significance}"
 
 
-def _profile_line(path: str, info: dict) -> str:
-    return (
+def _profile_line(path: str, info: dict, elsewhere: list[str]) -> str:
+    line = (
         f"Cost profile {path}: measured {info['measured_at']} on {info['processor']} ({info['threads']} threads), {info['dtype']}; "
         f"target step {info['target_step_ms']:.1f} ms, c = {info['c']:.3f}."
     )
+    if elsewhere:
+        line += (
+            f" **Not this machine's** ({'; '.join(elsewhere)}): the live rows judge policies fitted to another machine's costs; "
+            "`adaptive profile` here and retrain to judge them where they run."
+        )
+    return line
 
 
 def _grid_line(fitted: dict) -> str:
@@ -285,7 +299,7 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_record
         "",
         f"Test split: {result['test_prompts']} prompts (replay, greedy, exact acceptances, time from {result['profile']}); "
         f"live: first {result['live_per_language']} test prompts per language, {result['new_tokens']} new tokens, wall clock, {result['dtype']}.",
-        _profile_line(result["profile"], result["profile_info"]),
+        _profile_line(result["profile"], result["profile_info"], result["profile_elsewhere"]),
         _grid_line(fitted),
         "",
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",

@@ -15,6 +15,9 @@
 # into runs/ (never committed) runs again where its output is missing, so a fresh clone can resume. DTYPE
 # (default auto) is the precision of every step; DRY_RUN=1 prints the steps only; ONLY="STAGE-NAME ..." runs only
 # those steps (e.g. ONLY="traces-test traces-val-tree" to fit what is left of a session).
+# Policies are fitted to the profiles, and every stage after them judges those policies live or times against the
+# profiles, so those stages run only on hardware like the profiles' (`adaptive profile --check`; exit 3 otherwise), and
+# re-measured profiles mark every step after them to be run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -49,6 +52,7 @@ step() {
   fi
   echo "$(date -u +%FT%TZ) $name: $*"
   [[ -n "${DRY_RUN:-}" ]] && return
+  RAN=1
   local start=$SECONDS
   "$@" > "$LOG/$name.log" 2>&1 || { echo "FAILED: $name (exit $?; see $LOG/$name.log)"; exit 1; }
   echo "$(date -u +%FT%TZ) $name: done in $((SECONDS - start)) s" | tee "$LOG/$name.done"
@@ -57,9 +61,26 @@ step() {
 profiles() {
   # 15 repetitions, not the default 7: with 7 the bf16 chain profile of 2026-12-02 had g(3) = 1.44 above g(4) = 1.28
   # (IQRs about ±15 %), which pulled the policies fitted on it away from the depths that pay live
+  RAN=""
   step chain $A profile --pair $PAIR --dtype "$DTYPE" --repetitions 15 --out profiles/$PAIR.json
   step tree $A profile --pair $PAIR --dtype "$DTYPE" --tree-mask --max-verify 64 --out profiles/$PAIR-tree.json
   step batched $A profile --pair $PAIR --dtype "$DTYPE" --batches 1,2,4,8,16 --max-verify 7 --repetitions 15 --out profiles/$PAIR-batch.json
+  if [[ -n "$RAN" ]]; then
+    echo "new profiles: every step fitted to or judged against the old ones will run again"
+    rm -f "$LOG"/{policies,evaluations,speedup,load,benchmarks,retarget}-*.done
+  fi
+}
+
+on_profiled_machine() {
+  # exit 3 unless the profiles were measured on hardware like this machine's
+  [[ -n "${DRY_RUN:-}" ]] && return
+  local profile
+  for profile in profiles/$PAIR.json profiles/$PAIR-tree.json profiles/$PAIR-batch.json; do
+    $A profile --check "$profile" > /dev/null && continue
+    $A profile --check "$profile" || true
+    echo "stage $STAGE judges policies fitted to $profile: measure the profiles here first (rm $LOG/profiles-*.done; then bash scripts/remeasure.sh)"
+    exit 3
+  done
 }
 
 traces() {
@@ -161,6 +182,7 @@ for STAGE in "${chosen[@]}"; do
 done
 for STAGE in "${chosen[@]}"; do
   echo "== $STAGE"
+  [[ " policies evaluations speedup load benchmarks " == *" $STAGE "* ]] && on_profiled_machine
   "$STAGE"
 done
 [[ -n "${DRY_RUN:-}" ]] && { echo "remeasure: dry run, nothing ran"; exit 0; }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -127,6 +128,13 @@ def test_profile_writes_a_profile_and_prints_c_and_g(model_folders, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "| gamma | tokens verified | verify ms |" in result.stdout and "c = " in result.stdout
     assert out.is_file()
+    check = run("profile", "--check", str(out))
+    assert check.returncode == 0 and "like this machine's" in check.stdout, check.stdout + check.stderr
+    document = json.loads(out.read_text())
+    document["hardware"]["matrix_flags"] = "avx2 amx_bf16"
+    out.write_text(json.dumps(document))
+    check = run("profile", "--check", str(out))
+    assert check.returncode == 1 and "matrix_flags: 'avx2 amx_bf16' there" in check.stdout
 
 
 def test_generate_without_a_pair_is_a_clear_error():

@@ -6,7 +6,7 @@ import pytest
 
 from adaptive.costmodel import optimal_gamma
 from adaptive.profile import CostProfile
-from adaptive.profiling import profile_pair
+from adaptive.profiling import hardware_description, hardware_differences, profile_pair
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +51,15 @@ def test_a_document_without_a_summary_is_refused(profile):
 def test_reference_context_must_be_measured(target, near_draft):
     with pytest.raises(ValueError, match="reference_context 100"):
         profile_pair(target, near_draft, contexts=(8,), reference_context=100)
+
+
+def test_a_profile_knows_whether_it_was_measured_on_this_machine(profile, target):
+    here = hardware_description(target.device)
+    assert profile["hardware"] == here and hardware_differences(profile["hardware"], here) == []
+    elsewhere = {**here, "processor": "Other CPU", "torch_threads": 99}
+    assert hardware_differences(elsewhere, here) == [
+        f"processor: 'Other CPU' there, {here['processor']!r} here",
+        f"torch_threads: 99 there, {here['torch_threads']!r} here",
+    ]
+    assert hardware_differences({**here, "python": "2.7"}, here) == []  # Python's version does not time a forward; torch's does
+    assert "matrix_flags: 'not recorded' there" in hardware_differences({k: v for k, v in here.items() if k != "matrix_flags"}, here)[0]

@@ -16,7 +16,7 @@ from adaptive.copy_draft import CopyDraft
 from adaptive.models import cache_root
 from adaptive.pair import load_target
 from adaptive.precision import DTYPES, bf16_matmuls, resolve_dtype
-from adaptive.profiling import profile_batches, profile_pair
+from adaptive.profiling import hardware_description, hardware_differences, profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
@@ -52,12 +52,26 @@ def _profile_batches(pair, args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_profile(path: Path, device: str) -> int:
+    """``adaptive profile --check FILE``: 0 when FILE's timings were measured on hardware like this machine's, else 1
+    with what differs."""
+    recorded = json.loads(path.read_text())["hardware"]
+    differences = hardware_differences(recorded, hardware_description(torch.device(device)))
+    if differences:
+        print(f"{path} was measured on other hardware:", *differences, sep="\n  ")
+        return 1
+    print(f"{path} was measured on hardware like this machine's ({recorded['processor']}, {recorded.get('matrix_flags')}, {recorded['torch_threads']} threads)")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.check:
+        return _check_profile(Path(args.check), args.device)
     pair = pair_from_arguments(args)
     if args.batches:
         return _profile_batches(pair, args)
@@ -227,6 +241,7 @@ def register(commands) -> None:
         "--batches",
         help="instead: the batched decoder's forwards at these batch sizes (e.g. 1,2,4,8; --max-verify tokens per row, at --reference-context)",
     )
+    prof.add_argument("--check", metavar="FILE", help="instead: exit 1 naming what differs unless FILE (any profile) was measured on hardware like this")
     prof.set_defaults(func=cmd_profile)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
