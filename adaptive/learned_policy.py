@@ -139,7 +139,9 @@ def save_policy(
     return folder / SIDECAR
 
 
-def _find_sidecar(path: Path) -> Path:
+def policy_sidecar(path: Path) -> Path:
+    """The ``policy.json`` a path names: itself, the one in a policy folder, or a training run's ``final/`` one (its
+    weights, ``policy.safetensors``, lie beside it)."""
     for candidate in (path, path / SIDECAR, path / "final" / SIDECAR):
         if candidate.is_file() and candidate.name == SIDECAR:
             return candidate
@@ -151,7 +153,7 @@ def load_policy(path: str | Path, schema: ObservationSchema | None = None, pair:
 
     Raises ``SchemaMismatch`` when ``schema`` is given and differs from the policy's, and ``ValueError``
     when ``pair`` is given and the policy was trained for another pair."""
-    sidecar = _find_sidecar(Path(path))
+    sidecar = policy_sidecar(Path(path))
     metadata = json.loads(sidecar.read_text())
     if metadata.get("format") != FORMAT:
         raise ValueError(f"{sidecar} is not a policy of format {FORMAT} (found {metadata.get('format')!r})")

@@ -40,6 +40,7 @@ from adaptive.copy_draft import CopyDraft, PromptLookupDraft
 from adaptive.divergence import first_divergence
 from adaptive.generation import GenerationResult
 from adaptive.integrations.transformers import generate as route_generate
+from adaptive.learned_policy import WEIGHTS, policy_sidecar
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_draft_for, load_pair_from_paths
 from adaptive.profiling import hardware_description
@@ -202,15 +203,12 @@ def digest(draft) -> str | None:
 
 
 def policy_digests(specs: list[str]) -> dict[str, str]:
-    """A SHA-256 of the files of each learned policy given by path (a retrained ``runs/NAME-latest`` differs)."""
+    """A SHA-256 of each learned policy given by path (its sidecar and weights: a retrained ``runs/NAME-latest`` differs)."""
     digests = {}
     for spec in specs:
-        folder = Path(spec).resolve()
-        if folder.exists():
-            sha = hashlib.sha256()
-            for file in sorted(f for f in (folder.rglob("*") if folder.is_dir() else [folder]) if f.is_file()):
-                sha.update(file.name.encode() + file.read_bytes())
-            digests[spec] = sha.hexdigest()
+        if Path(spec).exists():
+            sidecar = policy_sidecar(Path(spec))
+            digests[spec] = hashlib.sha256(sidecar.read_bytes() + (sidecar.parent / WEIGHTS).read_bytes()).hexdigest()
     return digests
 
 

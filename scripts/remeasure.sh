@@ -11,13 +11,15 @@
 # retarget replays the quickstart policy under other machines' profiles: one measured here with one thread, the
 # slow Xeon's (committed), three derived what-ifs).
 # Each step logs to benchmarks/results/remeasure/STAGE-NAME.log and is marked done (STAGE-NAME.done) when it
-# exits 0, so a killed run continues where it stopped; delete a .done file to redo that step. A step that writes
-# into runs/ (never committed) runs again where its output is missing, so a fresh clone can resume. DTYPE
+# exits 0, so a killed run continues where it stopped (the pair benchmark within its step, from its partial files);
+# delete a .done file to redo that step. A step whose output is missing runs again even when done. DTYPE
 # (default auto) is the precision of every step; DRY_RUN=1 prints the steps only; ONLY="STAGE-NAME ..." runs only
 # those steps (e.g. ONLY="traces-test traces-val-tree" to fit what is left of a session).
 # Policies are fitted to the profiles, and every stage after them judges those policies live or times against the
 # profiles, so those stages run only on hardware like the profiles' (`adaptive profile --check`; exit 3 otherwise), and
-# re-measured profiles mark every step after them to be run again.
+# re-measured profiles mark every step after them to be run again. Every policy the later stages judge is kept in
+# benchmarks/policies/NAME (committed; runs/ is not), so a fresh clone on the same kind of machine resumes without
+# re-training; retarget alone re-trains from the quickstart run's checkpoints in runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -27,6 +29,7 @@ PAIR=smollm2-135m
 DTYPE=${DTYPE:-auto}
 LOG=benchmarks/results/remeasure
 OUTPUTS=$LOG/outputs
+KEEP=benchmarks/policies
 STAGES=(profiles traces policies evaluations speedup load benchmarks retarget)
 mkdir -p "$LOG"
 
@@ -48,7 +51,7 @@ step() {
       echo "done already: $name"
       return
     fi
-    echo "$name was done, but $creates is missing (runs/ is not committed): running it again"
+    echo "$name was done, but $creates is missing: running it again"
   fi
   echo "$(date -u +%FT%TZ) $name: $*"
   [[ -n "${DRY_RUN:-}" ]] && return
@@ -105,27 +108,45 @@ traces() {
 }
 
 policies() {
-  local config name
+  local config
   for config in quickstart tree copy copy-model-only cotrain; do
-    name=$(sed -n 's/^name: *//p' experiments/$config.yaml)
-    step "$config" --creates "runs/$name-latest" $A train experiments/$config.yaml --profile profiles/$PAIR.json
+    step "$config" --creates "$KEEP/$(run_name "$config")/policy.json" train_kept "$config"
   done
-  step batch --creates runs/batch-rounds $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --out runs/batch-rounds
-  step batch-cap --creates runs/batch-rounds-cap $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 --cap-at-schedule \
-    --out runs/batch-rounds-cap
+  step batch --creates $KEEP/batch-rounds/policy.json train_batch_kept batch-rounds
+  step batch-cap --creates $KEEP/batch-rounds-cap/policy.json train_batch_kept batch-rounds-cap --cap-at-schedule
+}
+
+run_name() {
+  sed -n 's/^name: *//p' "experiments/$1.yaml"
+}
+
+train_kept() {
+  # train_kept CONFIG: PPO from experiments/CONFIG.yaml on the chain profile; its final policy kept in $KEEP/NAME
+  local name
+  name=$(run_name "$1")
+  $A train "experiments/$1.yaml" --profile profiles/$PAIR.json
+  mkdir -p "$KEEP/$name" && cp "runs/$name-latest/final/policy.json" "runs/$name-latest/final/policy.safetensors" "$KEEP/$name/"
+}
+
+train_batch_kept() {
+  # train_batch_kept NAME [OPTION ...]: the load-aware batch policy, PPO in batched replay of the val traces; kept in $KEEP/NAME
+  local name=$1
+  shift
+  $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 "$@" --out "runs/$name"
+  mkdir -p "$KEEP/$name" && cp "runs/$name/policy.json" "runs/$name/policy.safetensors" "$KEEP/$name/"
 }
 
 evaluations() {
-  step quickstart $A evaluate experiments/quickstart.yaml --policy runs/quickstart-latest --profile profiles/$PAIR.json --live-per-language 2
-  step tree $A evaluate experiments/tree.yaml --policy runs/tree-latest --policy runs/quickstart-latest \
+  step quickstart $A evaluate experiments/quickstart.yaml --policy $KEEP/quickstart --profile profiles/$PAIR.json --live-per-language 2
+  step tree $A evaluate experiments/tree.yaml --policy $KEEP/tree --policy $KEEP/quickstart \
     --profile profiles/$PAIR-tree.json --live-per-language 2
-  step copy $A evaluate experiments/copy.yaml --policy runs/copy-sources-latest --policy runs/copy-model-only-latest \
+  step copy $A evaluate experiments/copy.yaml --policy $KEEP/copy-sources --policy $KEEP/copy-model-only \
     --profile profiles/$PAIR.json --live-per-language 12
 }
 
 speedup() {
   step pair-speedup $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0,0.7 \
-    --policies static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,runs/quickstart-latest \
+    --policies static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,$KEEP/quickstart \
     --out benchmarks/results/pair_speedup
 }
 
@@ -133,9 +154,9 @@ benchmarks() {
   # trees for the depths that matter and the learned depth policy (the learned tree policy is judged by evaluations-tree);
   # every policy of the run above with trees would double it
   step pair-speedup-tree $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0 --no-transformers \
-    --policies static:2,static:3,static:4,runs/quickstart-latest --tree 4,4,8 --out benchmarks/results/pair_speedup_tree
+    --policies static:2,static:3,static:4,$KEEP/quickstart --tree 4,4,8 --out benchmarks/results/pair_speedup_tree
   step generate-route $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 2 --repeats 2 --temperatures 0 \
-    --policies heuristic,static:2,runs/quickstart-latest --generate-route --out benchmarks/results/generate_route
+    --policies heuristic,static:2,$KEEP/quickstart --generate-route --out benchmarks/results/generate_route
   step copy-heavy $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --temperatures 0 --per-language 4 --repeats 2 --no-transformers \
     --task copy-heavy --copy --policies static:2,static:4,static:8:copy,static:4:copy+model,suffix --out benchmarks/results/copy_sources_copyheavy
   step copy-general $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --temperatures 0 --per-language 2 --repeats 2 --no-transformers \
@@ -158,8 +179,9 @@ load() {
   if [[ -z "${DRY_RUN:-}" ]]; then
     schedule=$(grep -o 'schedule:[^ ]*' "$trained" 2>/dev/null | tail -1) || { echo "load-learned needs $trained: run the policies stage first"; exit 1; }
     capped=$(grep -o 'capped:[^ ]*' "$trained" | tail -1) || { echo "$trained names no capped policy: rerun the policies stage"; exit 1; }
+    capped=${capped%:*}:$KEEP/batch-rounds  # the spec names the policy's runs/ folder; the same policy is kept here
   fi
-  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy runs/batch-rounds --policy "$capped" --policy runs/batch-rounds-cap --policy "$schedule" \
+  step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy $KEEP/batch-rounds --policy "$capped" --policy $KEEP/batch-rounds-cap --policy "$schedule" \
     --concurrency 1,2,4,8 --requests 16 --repeats 2 --out loadtests/learned
 }
 
