@@ -147,9 +147,7 @@ class BatchedSpeculativeDecoder:
         correction: CorrectionRule = residual_correction,
     ) -> None:
         if not isinstance(draft, PreTrainedModel | Eagle3Head):
-            raise ValueError(
-                f"batched decoding drafts with a standalone draft model (a transformers causal LM) or an EAGLE-3 head, got {type(draft).__name__}"
-            )
+            raise ValueError(f"batched decoding drafts with a standalone draft model (a transformers causal LM) or an EAGLE-3 head, got {type(draft).__name__}")
         check_compatible(target, draft, tokenizer, None)
         if max_depth < 0 or max_batch < 1:
             raise ValueError(f"max_depth must be >= 0 and max_batch >= 1, got {max_depth} and {max_batch}")

@@ -62,9 +62,7 @@ class BatchObservationSchema:
     def observe(self, state: BatchState, profile: BatchCostProfile) -> np.ndarray:
         """The vector for ``state``, the costs read from ``profile`` at its batch size."""
         per_request = [acceptance_estimate(a, d) for a, d in zip(state.recent_accepted, state.recent_drafted)] or [PRIOR_ALPHA]
-        pooled = acceptance_estimate(
-            tuple(a for rounds in state.recent_accepted for a in rounds), tuple(d for rounds in state.recent_drafted for d in rounds)
-        )
+        pooled = acceptance_estimate(tuple(a for rounds in state.recent_accepted for a in rounds), tuple(d for rounds in state.recent_drafted for d in rounds))
         plain = profile.round_ms(state.batch_size, 0)
         deepest = min(self.max_depth, profile.max_depth)
         costs = [profile.round_ms(state.batch_size, d) / plain for d in range(1, deepest + 1)]

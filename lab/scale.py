@@ -30,7 +30,7 @@ def _ray():
     try:
         import ray
     except ImportError as error:
-        raise RuntimeError("--workers > 1 and --address need Ray: pip install -e \".[scale]\" (or drop them to run in this process)") from error
+        raise RuntimeError('--workers > 1 and --address need Ray: pip install -e ".[scale]" (or drop them to run in this process)') from error
     return ray
 
 
