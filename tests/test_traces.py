@@ -217,3 +217,17 @@ def test_sampled_traces_of_the_old_format_are_refused(tmp_path, sampled_runs):
     write_npz(tmp_path / "old.npz", traces, arrays, "adaptive-draft/trace/1")
     with pytest.raises(ValueError, match="re-record"):
         TraceSet.load(tmp_path / "old.npz")
+
+
+def test_static_depth_acceptance_replayed_from_traces_equals_live_decoding(target, near_draft):
+    """benchmarks/trace_acceptance.py counts, from a trace, the accepted tokens, rejections, rounds and tokens that
+    the live chain decoder at a static depth produces on the same prompt (greedy, fp64)."""
+    from benchmarks.trace_acceptance import replay_static
+
+    rows = [{"id": str(i), "lang": "en"} for i in range(len(PROMPTS))]
+    traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), rows, PROMPTS, max_new_tokens=20, depth=4, metadata={})
+    for depth in (1, 2, 4):
+        for i, ids in enumerate(PROMPTS):
+            result = SpeculativeDecoder(target, near_draft, make_policy(f"static:{depth}")).generate(ids, 20)
+            live = (sum(r.accepted for r in result.rounds), sum(r.rejected for r in result.rounds), len(result.rounds), len(result.token_ids))
+            assert replay_static(traces, i, depth) == live, (depth, i)
