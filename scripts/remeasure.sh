@@ -77,10 +77,10 @@ profiles() {
 on_profiled_machine() {
   # exit 3 unless the profiles were measured on hardware like this machine's
   [[ -n "${DRY_RUN:-}" ]] && return
-  local profile
+  local profile verdict
   for profile in profiles/$PAIR.json profiles/$PAIR-tree.json profiles/$PAIR-batch.json; do
-    $A profile --check "$profile" > /dev/null && continue
-    $A profile --check "$profile" || true
+    verdict=$($A profile --check "$profile") && continue
+    echo "$verdict"
     echo "stage $STAGE judges policies fitted to $profile: measure the profiles here first (rm $LOG/profiles-*.done; then bash scripts/remeasure.sh)"
     exit 3
   done
@@ -125,7 +125,7 @@ train_kept() {
   local name
   name=$(run_name "$1")
   $A train "experiments/$1.yaml" --profile profiles/$PAIR.json
-  mkdir -p "$KEEP/$name" && cp "runs/$name-latest/final/policy.json" "runs/$name-latest/final/policy.safetensors" "$KEEP/$name/"
+  keep "$name" "runs/$name-latest/final"
 }
 
 train_batch_kept() {
@@ -133,7 +133,12 @@ train_batch_kept() {
   local name=$1
   shift
   $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 "$@" --out "runs/$name"
-  mkdir -p "$KEEP/$name" && cp "runs/$name/policy.json" "runs/$name/policy.safetensors" "$KEEP/$name/"
+  keep "$name" "runs/$name"
+}
+
+keep() {
+  # keep NAME FOLDER: the policy in FOLDER (sidecar and weights) copied to $KEEP/NAME
+  mkdir -p "$KEEP/$1" && cp "$2/policy.json" "$2/policy.safetensors" "$KEEP/$1/"
 }
 
 evaluations() {
