@@ -5,12 +5,18 @@ For each prompt, plain decoding and every decoder run back to back in an order t
 per prompt and keeps the median time. Speedups are ratios of rates over the same prompts; their 95 %
 intervals come from a paired bootstrap over prompts (each resample keeps every configuration's run of a
 prompt together), and a ratio whose interval covers 1 is reported as "not significant".
+
+Other work on the machine slows whatever generation it lands in. While the pause file exists
+(``$ADAPTIVE_PAUSE_FILE``, default ``runs/pause`` under the working directory) a measurement waits between
+generations, never inside one: ``touch runs/pause``, wait for "paused" in its log, run the other work, remove it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,6 +35,25 @@ from lab.memory import PeakMemory
 from lab.report import format_table
 
 PLAIN = "plain"
+PAUSE_POLL_SECONDS = 2.0
+
+
+def pause_file() -> Path:
+    """The file whose existence pauses every live measurement between generations."""
+    return Path(os.environ.get("ADAPTIVE_PAUSE_FILE", "runs/pause"))
+
+
+def wait_while_paused(path: Path, sleep: Callable[[float], None] = time.sleep, say: Callable[[str], None] = tqdm.write) -> float:
+    """Return once ``path`` does not exist (at once when it never did); the seconds spent waiting."""
+    if not path.exists():
+        return 0.0
+    say(f"paused: {path} exists; remove it to go on")
+    start = time.perf_counter()
+    while path.exists():
+        sleep(PAUSE_POLL_SECONDS)
+    waited = time.perf_counter() - start
+    say(f"resumed after {waited:.0f} s")
+    return waited
 
 
 def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:
@@ -81,7 +106,8 @@ def measure(
     Per configuration (``plain`` and each decoder's name) one row per prompt: tokens, the median
     seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them), rounds, accepted
     and rejecting rounds, TTFT, inter-token gaps and token ids of the median run, whether every run's
-    output equals plain's, peak memory. A progress bar over generations shows the time left.
+    output equals plain's, peak memory. A progress bar over generations shows the time left. Before each
+    generation it waits while :func:`pause_file` exists.
 
     With ``checkpoint`` (a JSONL file) every finished prompt's rows are appended to it, and a later call with
     the same file skips those prompts: a long measurement resumes where it was killed. Rows measured on other
@@ -101,6 +127,8 @@ def measure(
         "identity": identity,
     }
     done = resume(checkpoint, header) if checkpoint else []
+    pause = pause_file()
+    tqdm.write(f"{desc}: touch {pause} to pause between generations")
     results: dict[str, list[dict]] = {name: [row[name] for row in done] for name in names}
     with tqdm(total=len(prompts) * repeats * len(names), initial=len(done) * repeats * len(names), desc=desc, unit="generation") as progress:
         for index in range(len(done), len(prompts)):
@@ -108,6 +136,7 @@ def measure(
             runs: dict[str, list] = {name: [] for name in names}
             for repeat in range(repeats):
                 for name in rotation(names, index * repeats + repeat):
+                    wait_while_paused(pause)
                     with PeakMemory(target.device) as peak:
                         if name == PLAIN:
                             result = generate_plain(target, ids, new_tokens, sampling, seed=seed)

@@ -76,6 +76,35 @@ def test_a_checkpointed_measurement_resumes_where_it_was_killed(target, near_dra
         live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=8, repeats=2, checkpoint=checkpoint)
 
 
+def test_a_measurement_waits_between_generations_while_the_pause_file_exists(target, near_draft, tmp_path, monkeypatch):
+    """The pause file, made during a generation, holds the next one back until it is removed; the timed run it
+    was made in is not interrupted."""
+    pause = tmp_path / "pause"
+    monkeypatch.setenv("ADAPTIVE_PAUSE_FILE", str(pause))
+    log: list[str] = []
+
+    class PausingDecoder(Logged):
+        def generate(self, ids, new_tokens, seed=None):
+            pause.touch()  # other work starts while this generation runs
+            return super().generate(ids, new_tokens, seed=seed)
+
+    def removing_sleep(seconds: float) -> None:
+        log.append("waiting")
+        if log.count("waiting") % 3 == 0:
+            pause.unlink()  # the other work is done
+
+    real_wait = live_protocol.wait_while_paused
+    monkeypatch.setattr(live_protocol, "wait_while_paused", lambda path: real_wait(path, sleep=removing_sleep, say=log.append))
+    decoders = {"static:2": lambda: PausingDecoder("static:2", SpeculativeDecoder(target, near_draft, make_policy("static:2")), log)}
+    live = live_protocol.measure(target, PROMPTS[:1], IDS[:1], decoders, new_tokens=6, repeats=2)
+    assert live_protocol.pause_file() == pause and not pause.exists()
+    # rotation: repeat 1 runs plain, then static:2; repeat 2 static:2, then plain; each static:2 run makes the file
+    waits = ["paused", "waiting", "waiting", "waiting", "resumed"]
+    assert [entry.split(":")[0].split(" ")[0] for entry in log] == ["static", *waits, "static", *waits]
+    assert len(live["plain"]) == len(live["static:2"]) == 1 and len(live["plain"][0]["seconds_runs"]) == 2
+    assert real_wait(pause, sleep=removing_sleep, say=log.append) == 0.0  # no file: no wait
+
+
 def test_paired_intervals_and_their_wording():
     base = [(10, 1.0), (10, 2.0), (10, 1.5), (10, 1.2)]
     twice = [(t, s / 2) for t, s in base]
