@@ -37,7 +37,8 @@ mkdir -p "$LOG"
 
 step() {
   # step NAME [--creates PATH] COMMAND...: run COMMAND once (skipped when NAME.done exists and PATH, if given,
-  # exists too), its output in NAME.log.
+  # exists too), its output in NAME.log; NAME.running marks a run under way, so a run killed (or failed) part way,
+  # when started again, appends to its log instead of overwriting what the first part printed.
   local name="$STAGE-$1" creates=""
   shift
   if [[ "$1" == "--creates" ]]; then
@@ -59,7 +60,14 @@ step() {
   [[ -n "${DRY_RUN:-}" ]] && return
   RAN=1
   local start=$SECONDS
-  "$@" > "$LOG/$name.log" 2>&1 || { echo "FAILED: $name (exit $?; see $LOG/$name.log)"; exit 1; }
+  if [[ -e "$LOG/$name.running" ]]; then
+    echo "=== $(date -u +%FT%TZ) started again after a kill or a failure" >> "$LOG/$name.log"
+  else
+    : > "$LOG/$name.log"
+  fi
+  touch "$LOG/$name.running"
+  "$@" >> "$LOG/$name.log" 2>&1 || { echo "FAILED: $name (exit $?; see $LOG/$name.log)"; exit 1; }
+  rm "$LOG/$name.running"
   echo "$(date -u +%FT%TZ) $name: done in $((SECONDS - start)) s" | tee "$LOG/$name.done"
 }
 
