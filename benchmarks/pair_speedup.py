@@ -26,7 +26,6 @@ with the same arguments on the same kind of machine, resumes there (another mach
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import time
@@ -40,7 +39,6 @@ from adaptive.copy_draft import CopyDraft, PromptLookupDraft
 from adaptive.divergence import first_divergence
 from adaptive.generation import GenerationResult
 from adaptive.integrations.transformers import generate as route_generate
-from adaptive.learned_policy import WEIGHTS, policy_sidecar
 from adaptive.models import smollm2_folder
 from adaptive.pair import load_draft_for, load_pair_from_paths
 from adaptive.profiling import hardware_description
@@ -132,7 +130,7 @@ def run(args: argparse.Namespace) -> dict:
         "trees": [f"{shape.branching},{shape.width},{shape.size}" for shape in args.tree],
         "runs": {},
     }
-    identity = {"dtype": report["dtype"], "drafts": {suffix: digest(draft) for suffix, draft in drafts.items()}, "policies": policy_digests(args.policies)}
+    identity = live_protocol.identity(pair, drafts, args.policies)
     for temperature in args.temperatures:
         sampling = SamplingConfig(temperature)
         decoders = {
@@ -189,27 +187,6 @@ def run(args: argparse.Namespace) -> dict:
                     row["near_tie"] = None if divergence is None else divergence.near_tie
         report["runs"][sampling.describe()] = live
     return report
-
-
-def digest(draft) -> str | None:
-    """A SHA-256 of a draft module's weights (None for a drafter without any)."""
-    if not isinstance(draft, torch.nn.Module):
-        return None
-    sha = hashlib.sha256()
-    for name, tensor in sorted(draft.state_dict().items()):
-        sha.update(name.encode())
-        sha.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return sha.hexdigest()
-
-
-def policy_digests(specs: list[str]) -> dict[str, str]:
-    """A SHA-256 of each learned policy given by path (its sidecar and weights: a retrained ``runs/NAME-latest`` differs)."""
-    digests = {}
-    for spec in specs:
-        if Path(spec).exists():
-            sidecar = policy_sidecar(Path(spec))
-            digests[spec] = hashlib.sha256(sidecar.read_bytes() + (sidecar.parent / WEIGHTS).read_bytes()).hexdigest()
-    return digests
 
 
 def partial_path(out: Path, sampling: SamplingConfig) -> Path:

@@ -9,6 +9,7 @@ reader whether the replay numbers describe this machine now; a large one is flag
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from adaptive.policy import DraftPolicy
 from adaptive.profile import CostProfile
@@ -33,16 +34,20 @@ def calibrate(
     max_depth: int,
     decision_seconds: float,
     repeats: int = 2,
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
 ) -> dict:
     """Modelled (replay of ``traces`` under ``profile``) against measured (live: plain decoding of ``target``
-    and ``decoder``, a factory of the decoder running ``policy``) seconds per token, on the ``prompts`` the
-    traces hold, with the traces' token budget."""
+    and ``decoder``, a factory of the decoder running ``policy``; resumable from ``checkpoint``) seconds per
+    token, on the ``prompts`` the traces hold, with the traces' token budget."""
     index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
     kept = [(prompt, ids) for prompt, ids in zip(prompts, prompt_ids, strict=True) if prompt["id"] in index]
     if not kept:
         raise ValueError("none of the calibration prompts has a recorded trace")
     prompts, prompt_ids = [p for p, _ in kept], [i for _, i in kept]
-    live = live_protocol.measure(target, prompts, prompt_ids, {name: decoder}, traces.max_new_tokens, repeats, desc="calibration")
+    live = live_protocol.measure(
+        target, prompts, prompt_ids, {name: decoder}, traces.max_new_tokens, repeats, desc="calibration", checkpoint=checkpoint, identity=identity
+    )
     records = play(ReplayBackend(traces, profile, max_depth), policy, [index[p["id"]] for p in prompts], traces.langs, decision_seconds)
     modelled = {live_protocol.PLAIN: profile.target_step_seconds, name: sum(r.seconds for r in records) / sum(r.tokens for r in records)}
     measured = {key: sum(r["seconds"] for r in rows) / sum(r["tokens"] for r in rows) for key, rows in live.items()}

@@ -61,19 +61,21 @@ def candidates(
     grid_live_per_language: int = 0,
     new_tokens: int = 128,
     repeats: int = 2,
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
 ) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
     """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen.
 
     Grid search ranks static depths in replay on the train and val traces; with ``grid_live_per_language``
-    the best few are then decoded live on val prompts, and one replaces the replay choice only where the
-    live protocol says it is faster with a 95 % interval above 1."""
+    the best few are then decoded live on val prompts (resumable from ``checkpoint``), and one replaces the
+    replay choice only where the live protocol says it is faster with a 95 % interval above 1."""
     depth = config.env.max_depth
     train, val = TraceSet.load(default_traces("train", config.pair)), TraceSet.load(default_traces("val", config.pair))
     ranked, speeds = grid_search_splits({"train": train, "val": val}, profile, depth, config.env.decision_seconds)
     fitted: dict = {f"grid_{name}": {"best": max(s, key=lambda g: (s[g], -g)), "speedups": s} for name, s in speeds.items()}
     fitted["grid_replay_best"] = ranked[0]
     if grid_live_per_language:
-        check = grid_live(config, pair, ranked[0], sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens, repeats)
+        check = grid_live(config, pair, ranked[0], sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens, repeats, checkpoint, identity)
         fitted["grid_live"] = check
         fitted["grid_best"] = check["best"]
     else:
@@ -106,11 +108,23 @@ def replay_comparison(
     return {name: play(backend, factory, range(len(test)), test.langs, config.env.decision_seconds) for name, factory in everyone.items()}
 
 
-def grid_live(config: ExperimentConfig, pair, replay_choice: int, finalists: list[int], per_language: int, new_tokens: int, repeats: int = 2) -> dict:
+def grid_live(
+    config: ExperimentConfig,
+    pair,
+    replay_choice: int,
+    finalists: list[int],
+    per_language: int,
+    new_tokens: int,
+    repeats: int = 2,
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
+) -> dict:
     """Grid search's live check on val prompts: the finalists decoded with the live protocol; the replay
     choice stands unless a finalist is faster than it with a 95 % interval above 1."""
     policies = {f"static:{g}": (lambda g=g: make_policy(f"static:{g}")) for g in finalists}
-    live = live_protocol.measure_policies(pair, "val", per_language, policies, config.env.max_depth, new_tokens, repeats, "grid search live check")
+    live = live_protocol.measure_policies(
+        pair, "val", per_language, policies, config.env.max_depth, new_tokens, repeats, "grid search live check", checkpoint, identity
+    )
     speedups = {g: live_protocol.compare(live, f"static:{g}", live_protocol.PLAIN) for g in finalists}
     against = {g: live_protocol.compare(live, f"static:{g}", f"static:{replay_choice}") for g in finalists if g != replay_choice}
     faster = [g for g, c in against.items() if c["verdict"] == "faster"]
@@ -119,10 +133,17 @@ def grid_live(config: ExperimentConfig, pair, replay_choice: int, finalists: lis
 
 
 def live_comparison(
-    config: ExperimentConfig, pair, policies: dict[str, Callable[[], DraftPolicy]], per_language: int, new_tokens: int, repeats: int = 2
+    config: ExperimentConfig,
+    pair,
+    policies: dict[str, Callable[[], DraftPolicy]],
+    per_language: int,
+    new_tokens: int,
+    repeats: int = 2,
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
 ) -> dict[str, list[dict]]:
     """Plain decoding and every policy on the first test prompts per language, with the live protocol."""
-    return live_protocol.measure_policies(pair, "test", per_language, policies, config.env.max_depth, new_tokens, repeats, "live test")
+    return live_protocol.measure_policies(pair, "test", per_language, policies, config.env.max_depth, new_tokens, repeats, "live test", checkpoint, identity)
 
 
 def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
@@ -151,7 +172,9 @@ def evaluate(
 ) -> dict:
     """Run the whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out`` (and the
     profile, when ``auto`` measures one on this machine first). With ``calibration_per_language``, replay is
-    first checked against live decoding of that many val prompts per language (:mod:`lab.calibration`)."""
+    first checked against live decoding of that many val prompts per language (:mod:`lab.calibration`).
+    Each live part keeps its finished prompts in ``out`` until the report is written: run again into the same
+    ``out``, a killed evaluation resumes there (:func:`lab.live_protocol.checkpoint_path`)."""
     out.mkdir(parents=True, exist_ok=True)
     resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
@@ -159,7 +182,10 @@ def evaluate(
     elsewhere = hardware_differences(profile.hardware, hardware_description(pair.target.device)) if pair else []
     if elsewhere:
         logger.warning("%s was measured on other hardware (%s): live runs judge policies fitted to it off their machine", config.env.profile, elsewhere)
-    policies, fitted = candidates(config, profile, learned, pair, grid_live_per_language, new_tokens, repeats)
+    identity = live_protocol.identity(pair, {"draft": pair.draft}, learned) if pair else None
+    policies, fitted = candidates(
+        config, profile, learned, pair, grid_live_per_language, new_tokens, repeats, live_protocol.checkpoint_path(out, "grid"), identity
+    )
     calibration = None
     if calibration_per_language:
         grid = next(name for name in policies if name.startswith("grid search"))
@@ -177,12 +203,16 @@ def evaluate(
             config.env.max_depth,
             config.env.decision_seconds,
             repeats,
+            live_protocol.checkpoint_path(out, "calibration"),
+            identity,
         )
     test = TraceSet.load(default_traces("test", config.pair))
     replay = replay_comparison(config, profile, policies, test)
     replay_rows, replay_data = replay_table(replay, profile.target_step_seconds, config.env.max_depth)
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
-    live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats) if live_per_language else {}
+    live = {}
+    if live_per_language:
+        live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats, live_protocol.checkpoint_path(out, "test"), identity)
     live_data = live_protocol.summarise(live) if live else {}
     gains = live_gains(live, policies) if live else {}
     result = {
@@ -202,6 +232,7 @@ def evaluate(
 
     plot_evaluation(result, out / "plots")
     track_comparison(config, out, replay_rows, replay_data, live_data)
+    live_protocol.discard_checkpoints(out)
     return result
 
 

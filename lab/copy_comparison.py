@@ -172,7 +172,8 @@ def live_decoders(pair, chosen: dict[str, Contender], max_depth: int) -> dict[st
 
 
 def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, live_per_language: int = 2, new_tokens: int = 128, repeats: int = 2) -> dict:
-    """The whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``."""
+    """The whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``. The live part keeps
+    its finished prompts in ``out`` until then: run again into the same ``out``, it resumes."""
     out.mkdir(parents=True, exist_ok=True)
     resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
@@ -191,7 +192,8 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
         pair = live_protocol.warm_pair(config.pair, config.dtype)
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language, LIVE_TASKS)
         decoders = live_decoders(pair, {name: c for name, c in chosen.items() if name.startswith(LIVE)}, config.env.max_depth)
-        rows = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test")
+        checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)
+        rows = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
         live = live_protocol.summarise(rows)
         live_tasks = task_counts([task_of[r["id"]] for r in rows[live_protocol.PLAIN]])
         live_gains = {
@@ -220,6 +222,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     if live:
         plot_speedups(live, out / "plots" / "speedup_live.png", "live: speedup per language (test split)")
     track_comparison(config, out, language_rows, replay_data, live, {"replay_speedup_per_task": (["policy", *result["tasks"], "all"], task_rows)})
+    live_protocol.discard_checkpoints(out)
     return result
 
 

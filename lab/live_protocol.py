@@ -13,6 +13,7 @@ generations, never inside one: ``touch runs/pause``, wait for "paused" in its lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -21,9 +22,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.learned_policy import WEIGHTS, policy_sidecar
 from adaptive.pair import load_pair
 from adaptive.policy import DraftPolicy
 from adaptive.precision import DEFAULT_DTYPE
@@ -155,6 +158,44 @@ def measure(
     return results
 
 
+def weights_digest(draft) -> str | None:
+    """A SHA-256 of a draft module's weights (None for a drafter without any)."""
+    if not isinstance(draft, torch.nn.Module):
+        return None
+    sha = hashlib.sha256()
+    for name, tensor in sorted(draft.state_dict().items()):
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()
+
+
+def policy_digests(specs: Sequence[str]) -> dict[str, str]:
+    """A SHA-256 of each learned policy given by path (its sidecar and weights: a retrained ``runs/NAME-latest`` differs)."""
+    digests = {}
+    for spec in specs:
+        if Path(spec).exists():
+            sidecar = policy_sidecar(Path(spec))
+            digests[spec] = hashlib.sha256(sidecar.read_bytes() + (sidecar.parent / WEIGHTS).read_bytes()).hexdigest()
+    return digests
+
+
+def identity(pair, drafts: dict[str, object], policies: Sequence[str]) -> dict:
+    """What a checkpoint's rows depend on beyond :func:`measure`'s settings: the dtype, each draft's weights (by
+    name) and each learned policy's files."""
+    return {"dtype": str(pair.target.dtype), "drafts": {name: weights_digest(draft) for name, draft in drafts.items()}, "policies": policy_digests(policies)}
+
+
+def checkpoint_path(folder: Path, part: str) -> Path:
+    """Where a job writing its report into ``folder`` keeps the finished prompts of its live ``part`` until then."""
+    return folder / f"live-{part}.partial.jsonl"
+
+
+def discard_checkpoints(folder: Path) -> None:
+    """Delete the checkpoints of :func:`checkpoint_path` in ``folder`` (once the report they fed is written)."""
+    for path in folder.glob("live-*.partial.jsonl"):
+        path.unlink()
+
+
 def resume(checkpoint: Path, header: dict) -> list[dict[str, dict]]:
     """The per-prompt rows a checkpoint of :func:`measure` holds (each: configuration -> row), in prompt order
     (none where it does not exist yet: its first prompt writes ``header`` first). A checkpoint written with another
@@ -187,11 +228,20 @@ def resume(checkpoint: Path, header: dict) -> list[dict[str, dict]]:
 
 
 def measure_policies(
-    pair, split: str, per_language: int, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int, new_tokens: int, repeats: int = 2, desc: str = "live"
+    pair,
+    split: str,
+    per_language: int,
+    policies: dict[str, Callable[[], DraftPolicy]],
+    max_depth: int,
+    new_tokens: int,
+    repeats: int = 2,
+    desc: str = "live",
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
 ) -> dict[str, list[dict]]:
     """:func:`measure` of chain decoders with each policy on the first ``per_language`` prompts per language of a split."""
     prompts, ids = first_prompts(pair, split, per_language)
-    return measure(pair.target, prompts, ids, chain_decoders(pair, policies, max_depth), new_tokens, repeats, desc)
+    return measure(pair.target, prompts, ids, chain_decoders(pair, policies, max_depth), new_tokens, repeats, desc, checkpoint=checkpoint, identity=identity)
 
 
 def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:

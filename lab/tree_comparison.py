@@ -65,7 +65,8 @@ def evaluate_trees(
     sizes: tuple[int, ...] = SIZES,
     repeats: int = 2,
 ) -> dict:
-    """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``."""
+    """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``. The
+    live part keeps its finished prompts in ``out`` until then: run again into the same ``out``, it resumes."""
     out.mkdir(parents=True, exist_ok=True)
     resolve_profile(config, out, max_verify=max(sizes) + 1)
     profile = CostProfile.load(config.env.profile)
@@ -114,7 +115,10 @@ def evaluate_trees(
     live = {}
     if pair is not None:
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
-        live = live_protocol.summarise(live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test"))
+        checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)
+        live = live_protocol.summarise(
+            live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
+        )
     result = {
         "fitted": fitted,
         "replay": replay_data,
@@ -133,6 +137,7 @@ def evaluate_trees(
     if live:
         plot_speedups(live, out / "plots" / "speedup_live.png", "live: trees vs chains (test split)")
     track_comparison(config, out, rows, replay_data, live)
+    live_protocol.discard_checkpoints(out)
     return result
 
 

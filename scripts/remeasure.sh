@@ -152,11 +152,14 @@ keep() {
 }
 
 evaluations() {
-  step quickstart $A evaluate experiments/quickstart.yaml --policy $KEEP/quickstart --profile profiles/$PAIR.json --live-per-language 2
+  # into benchmarks/results/evaluations/NAME (committed; its W&B folder is not), where a killed evaluation resumes
+  local out=benchmarks/results/evaluations
+  step quickstart $A evaluate experiments/quickstart.yaml --policy $KEEP/quickstart --profile profiles/$PAIR.json --live-per-language 2 \
+    --out $out/quickstart
   step tree $A evaluate experiments/tree.yaml --policy $KEEP/tree --policy $KEEP/quickstart \
-    --profile profiles/$PAIR-tree.json --live-per-language 2
+    --profile profiles/$PAIR-tree.json --live-per-language 2 --out $out/tree
   step copy $A evaluate experiments/copy.yaml --policy $KEEP/copy-sources --policy $KEEP/copy-model-only \
-    --profile profiles/$PAIR.json --live-per-language 12
+    --profile profiles/$PAIR.json --live-per-language 12 --out $out/copy
 }
 
 speedup() {

@@ -44,15 +44,23 @@ def test_evaluation_report_compares_fitted_baselines_heuristics_and_the_oracle(t
     assert json.loads((tmp_path / "evaluation.json").read_text())["test_prompts"] == 368  # the whole test split (data/traces/README.md)
 
 
-def test_grid_search_confirms_its_finalists_live_on_val_prompts():
+def test_grid_search_confirms_its_finalists_live_on_val_prompts(tmp_path):
+    """... and, given a checkpoint, a second call (an evaluation run again after a kill) measures nothing anew;
+    a checkpoint made with another draft is refused."""
     from lab.comparison import grid_live
-    from lab.live_protocol import warm_pair
+    from lab.live_protocol import identity, warm_pair
 
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
-    check = grid_live(config, warm_pair(config.pair), 1, [1, 3], per_language=1, new_tokens=12, repeats=1)
+    pair = warm_pair(config.pair)
+    checkpoint, draft = tmp_path / "live-grid.partial.jsonl", identity(pair, {"draft": pair.draft}, [])
+    check = grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity=draft)
     assert set(check["speedups"]) == {1, 3} and all(0.1 < c["ratio"] < 5.0 for c in check["speedups"].values())
     assert set(check["against_replay_choice"]) == {3} and check["prompts"] == 4
     assert check["best"] == (3 if check["against_replay_choice"][3]["verdict"] == "faster" else 1)
+    again = grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity=draft)
+    assert again == check  # the same seconds: read back, not measured again
+    with pytest.raises(ValueError, match="other identity"):
+        grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity={**draft, "drafts": {"draft": "another"}})
 
 
 def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_path):

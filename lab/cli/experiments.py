@@ -142,7 +142,7 @@ def register(commands) -> None:
         help="val prompts per language decoded live to check replay's modelled time against this machine (0: skip)",
     )
     ev.add_argument("--max-new-tokens", type=int, default=128)
-    ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE)")
+    ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE); run again into the same folder, a killed evaluation resumes its live parts")
     ev.set_defaults(func=cmd_evaluate)
 
     ret = commands.add_parser("retarget", help="re-evaluate a trained policy under another cost profile and re-train it briefly")
