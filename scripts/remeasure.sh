@@ -20,7 +20,7 @@
 # Policies are fitted to the profiles, and every stage after them judges those policies live or times against the
 # profiles, so those stages run only on hardware like the profiles' (`adaptive profile --check`; exit 3 otherwise), and
 # re-measured profiles mark every step after them to be run again. Every policy the later stages judge is kept in
-# benchmarks/policies/NAME (committed; runs/ is not), so a fresh clone on the same kind of machine resumes without
+# benchmarks/kept-policies/NAME (committed; runs/ is not), so a fresh clone on the same kind of machine resumes without
 # re-training; retarget alone re-trains from the quickstart run's checkpoints in runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ PAIR=smollm2-135m
 DTYPE=${DTYPE:-auto}
 LOG=benchmarks/results/remeasure
 OUTPUTS=$LOG/outputs
-KEEP=benchmarks/policies
+KEEP=benchmarks/kept-policies  # not benchmarks/policies: a folder there would shadow the policies package in benchmark scripts
 STAGES=(profiles traces policies evaluations speedup load benchmarks retarget)
 mkdir -p "$LOG"
 

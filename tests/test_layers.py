@@ -48,3 +48,11 @@ def test_the_decoding_api_does_not_pull_in_the_rl_stack():
         "assert not {'gymnasium', 'stable_baselines3', 'envs', 'policies', 'lab'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "scripts"])
+def test_no_folder_beside_the_scripts_shadows_a_package(folder):
+    """A script run as ``python FOLDER/x.py`` has FOLDER first on its path: a subfolder there named like one of the
+    packages (even without ``__init__.py``) would be imported in its place."""
+    names = {p.name for p in (ROOT / folder).iterdir() if p.is_dir()}
+    assert not names & set(ALLOWED), f"{folder}/ has a folder named like a package: {sorted(names & set(ALLOWED))}"
