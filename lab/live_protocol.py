@@ -14,7 +14,6 @@ generations, never inside one: ``touch runs/pause``, wait for "paused" in its lo
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import statistics
 import time
@@ -33,6 +32,7 @@ from adaptive.precision import DEFAULT_DTYPE
 from adaptive.profiling import hardware_description
 from adaptive.sampling import GREEDY, SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, interleave_tasks, load_prompts
+from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
 from lab.report import format_table
@@ -115,7 +115,7 @@ def measure(
     With ``checkpoint`` (a JSONL file) every finished prompt's rows are appended to it, and a later call with
     the same file skips those prompts: a long measurement resumes where it was killed. Rows measured on other
     hardware or with other settings, or another ``identity`` (whatever else the rows depend on, e.g. digests of
-    the draft's and the policies' weights), are refused (:func:`resume`), never mixed in."""
+    the draft's and the policies' weights), are refused (:class:`lab.checkpoints.Checkpoint`), never mixed in."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = [PLAIN, *decoders]
@@ -129,7 +129,8 @@ def measure(
         "seed": seed,
         "identity": identity,
     }
-    done = resume(checkpoint, header) if checkpoint else []
+    saved = Checkpoint(checkpoint, header, header["prompts"], "prompt", "rows") if checkpoint else None
+    done = saved.done() if saved else []
     pause = pause_file()
     tqdm.write(f"{desc}: touch {pause} to pause between generations")
     results: dict[str, list[dict]] = {name: [row[name] for row in done] for name in names}
@@ -151,10 +152,8 @@ def measure(
             rows = {name: _row(prompt, runs[name], plain_tokens) for name in names}
             for name, row in rows.items():
                 results[name].append(row)
-            if checkpoint:
-                checkpoint.parent.mkdir(parents=True, exist_ok=True)
-                with checkpoint.open("a", encoding="utf-8") as file:
-                    file.write(("" if index else json.dumps({"header": header}) + "\n") + json.dumps({"prompt": prompt["id"], "rows": rows}) + "\n")
+            if saved:
+                saved.add(prompt["id"], rows)
     return results
 
 
@@ -170,11 +169,13 @@ def weights_digest(draft) -> str | None:
 
 
 def policy_digests(specs: Sequence[str]) -> dict[str, str]:
-    """A SHA-256 of each learned policy given by path (its sidecar and weights: a retrained ``runs/NAME-latest`` differs)."""
+    """A SHA-256 of each learned policy a spec names by path, whole or as its last ``:`` field (e.g.
+    ``capped:SCHEDULE:FOLDER``): its sidecar and weights (a retrained ``runs/NAME-latest`` differs)."""
     digests = {}
     for spec in specs:
-        if Path(spec).exists():
-            sidecar = policy_sidecar(Path(spec))
+        path = next((Path(p) for p in (spec, spec.rsplit(":", 1)[-1]) if Path(p).exists()), None)
+        if path is not None:
+            sidecar = policy_sidecar(path)
             digests[spec] = hashlib.sha256(sidecar.read_bytes() + (sidecar.parent / WEIGHTS).read_bytes()).hexdigest()
     return digests
 
@@ -194,37 +195,6 @@ def discard_checkpoints(folder: Path) -> None:
     """Delete the checkpoints of :func:`checkpoint_path` in ``folder`` (once the report they fed is written)."""
     for path in folder.glob("live-*.partial.jsonl"):
         path.unlink()
-
-
-def resume(checkpoint: Path, header: dict) -> list[dict[str, dict]]:
-    """The per-prompt rows a checkpoint of :func:`measure` holds (each: configuration -> row), in prompt order
-    (none where it does not exist yet: its first prompt writes ``header`` first). A checkpoint written with another
-    ``header`` (hardware, configurations, prompts, tokens, repeats, sampling, seed, identity) is an error naming what
-    differs; a last line cut short by a kill is dropped."""
-    if not checkpoint.exists():
-        return []
-    lines = checkpoint.read_text(encoding="utf-8").splitlines()
-    saved = json.loads(lines[0])["header"]
-    differs = [key for key in header if saved.get(key) != header[key]]
-    if differs:
-        raise ValueError(
-            f"{checkpoint} was measured with other {', '.join(differs)} "
-            f"({'; '.join(f'{key}: {saved.get(key)!r} there, {header[key]!r} here' for key in differs)}); "
-            "delete it to measure afresh, or resume where it was made"
-        )
-    done = []
-    for number, line in enumerate(lines[1:], start=2):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise ValueError(f"{checkpoint}: line {number} is not JSON") from None
-            checkpoint.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")  # cut short by a kill: measured again
-            break
-        if entry["prompt"] != header["prompts"][len(done)]:
-            raise ValueError(f"{checkpoint}: line {number} holds prompt {entry['prompt']!r}, expected {header['prompts'][len(done)]!r}")
-        done.append(entry["rows"])
-    return done
 
 
 def measure_policies(

@@ -13,9 +13,12 @@ each request, as :func:`lab.evaluation.paired_ratio` pairs them).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -24,8 +27,10 @@ from adaptive.batch_decoder import BatchedSpeculativeDecoder, RequestResult
 from adaptive.divergence import first_divergence
 from adaptive.pair import ModelPair
 from adaptive.policy import BatchPolicy
+from adaptive.profiling import hardware_description
 from adaptive.sampling import SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
 
@@ -160,16 +165,37 @@ class LoadTestSettings:
 
 
 def load_test(
-    pair: ModelPair, policies: dict[str, Callable[[], BatchPolicy]], settings: LoadTestSettings, sampling: SamplingConfig, prompts: list[tuple[str, list[int]]]
+    pair: ModelPair,
+    policies: dict[str, Callable[[], BatchPolicy]],
+    settings: LoadTestSettings,
+    sampling: SamplingConfig,
+    prompts: list[tuple[str, list[int]]],
+    checkpoint: Path | None = None,
+    identity: dict | None = None,
 ) -> dict:
     """Every policy under every load, ``repeats`` times (policy order rotating), on the same requests.
     Returns per load: per policy the runs' request rows, wall seconds and peak memory, and the summaries
-    (per language and overall, over all repeats) with each policy's throughput ratio to the first policy."""
+    (per language and overall, over all repeats) with each policy's throughput ratio to the first policy.
+
+    With ``checkpoint`` (a JSONL file) every finished load is appended to it, and a later call with the same
+    file, hardware, settings, policies, sampling, prompts and ``identity`` (e.g. digests of the draft's and the
+    policies' weights) measures only the loads that are missing (:class:`lab.checkpoints.Checkpoint`)."""
     names = list(policies)
     out: dict = {"settings": {**asdict(settings), "loads": [asdict(load) for load in settings.loads]}, "loads": {}}
+    header = {
+        "hardware": hardware_description(pair.target.device),
+        "settings": out["settings"],
+        "policies": names,
+        "sampling": sampling.describe(),
+        "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        "identity": identity,
+    }
+    saved = Checkpoint(checkpoint, header, [load.label for load in settings.loads], "load", "result") if checkpoint else None
+    for load, measured in zip(settings.loads, saved.done() if saved else []):
+        out["loads"][load.label] = measured
     total = len(settings.loads) * settings.repeats * len(names)
-    with tqdm(total=total, desc="load test", unit="run") as bar:
-        for load in settings.loads:
+    with tqdm(total=total, initial=len(out["loads"]) * settings.repeats * len(names), desc="load test", unit="run") as bar:
+        for load in settings.loads[len(out["loads"]) :]:
             runs: dict[str, list[dict]] = {name: [] for name in names}
             for repeat in range(settings.repeats):
                 for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
@@ -186,6 +212,8 @@ def load_test(
                 for name in names[1:]:
                     summary_[name]["divergences"] = divergences(pair.target, [ids for _, ids in prompts], runs[name], runs[names[0]])
             out["loads"][load.label] = {"load": asdict(load), "runs": runs, "summary": summary_}
+            if saved:
+                saved.add(load.label, out["loads"][load.label])
     return out
 
 

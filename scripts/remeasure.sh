@@ -188,8 +188,9 @@ benchmarks() {
 }
 
 load() {
+  # into benchmarks/results/loadtests/NAME (committed), where a killed load test resumes at its first unfinished load
   step static $A loadtest --pair $PAIR --dtype "$DTYPE" --policy static:1 --policy static:2 --policy static:3 --policy static:4 \
-    --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out loadtests/static
+    --policy costmodel --policy goodput --batch-profile profiles/$PAIR-batch.json --concurrency 1,2,4,8 --requests 16 --out benchmarks/results/loadtests/static
   # the learned policy, uncapped, capped at the per-batch-size schedule that train-batch found in replay (both
   # printed in its log) and trained inside that schedule, against the schedule, in the same run
   local trained=$LOG/policies-batch.log
@@ -200,7 +201,7 @@ load() {
     capped=${capped%:*}:$KEEP/batch-rounds  # the spec names the policy's runs/ folder; the same policy is kept here
   fi
   step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy $KEEP/batch-rounds --policy "$capped" --policy $KEEP/batch-rounds-cap --policy "$schedule" \
-    --concurrency 1,2,4,8 --requests 16 --repeats 2 --out loadtests/learned
+    --concurrency 1,2,4,8 --requests 16 --repeats 2 --out benchmarks/results/loadtests/learned
 }
 
 retarget() {

@@ -266,3 +266,32 @@ def test_the_load_test_checks_each_divergence_for_a_near_tie(target):
     found = divergences(target, [prompt], rows(forced), rows(plain))
     assert found["count"] == 1 and found["near_ties"] == 0 and found["each"][0]["position"] == 3
     assert divergences(target, [prompt], rows(plain), rows(plain))["count"] == 0
+
+
+def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
+    """Each finished load is kept in the checkpoint; a rerun measures only the loads that are missing (one cut short
+    by a kill included) and gives the finished ones back as measured; another identity is refused."""
+    import json
+
+    from adaptive.pair import ModelPair
+    from lab.loadtest import Load, LoadTestSettings, load_test
+
+    made: list[str] = []
+
+    def factory(spec: str):
+        return lambda: made.append(spec) or make_batch_policy(spec)
+
+    pair, policies = ModelPair(target, near_draft, None, "tiny"), {"plain": factory("plain"), "static:2": factory("static:2")}
+    settings = LoadTestSettings((Load(3, concurrency=1), Load(3, concurrency=2)), max_new_tokens=6)
+    prompts = [("en", [1, 4, 6]), ("it", [9, 2, 2, 5]), ("zh", [3, 7])]
+    checkpoint, greedy = tmp_path / "live-load.partial.jsonl", SamplingConfig()
+    first = load_test(pair, policies, settings, greedy, prompts, checkpoint, {"draft": "a"})
+    lines = checkpoint.read_text().splitlines()
+    assert len(made) == 4 and len(lines) == 3  # header, then one line per load
+    checkpoint.write_text("\n".join([*lines[:2], lines[2][:40]]))  # killed while writing the second load
+    again = load_test(pair, policies, settings, greedy, prompts, checkpoint, {"draft": "a"})
+    assert len(made) == 6 and list(again["loads"]) == ["concurrency 1", "concurrency 2"]
+    assert again["loads"]["concurrency 1"] == json.loads(json.dumps(first["loads"]["concurrency 1"]))  # read back, not re-measured
+    with pytest.raises(ValueError, match="other identity"):
+        load_test(pair, policies, settings, greedy, prompts, checkpoint, {"draft": "b"})
+    assert len(made) == 6

@@ -183,6 +183,7 @@ def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folder
     schedule = data["loads"]["concurrency 2"]["summary"]["schedule:1-1=4,2-8=2"]["depths"]  # what it chose at each batch size
     assert set(schedule["2"]) == {"2"} and all(set(d) == {"4"} for b, d in schedule.items() if b == "1")
     assert "### concurrency 2 (6 requests)" in result.stdout and (out / "report.md").is_file() and (out / "load.png").is_file()
+    assert not list(out.glob("*.partial.jsonl"))  # the checkpoint of finished loads goes once the result is written
     assert "depth by batch size" in result.stdout and "2:2" in result.stdout
     rated = run("loadtest", *pair, *common, "--rate", "200", "--max-batch", "4", "--out", str(tmp_path / "rate"))
     assert rated.returncode == 0, rated.stderr

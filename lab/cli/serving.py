@@ -12,6 +12,7 @@ from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from envs.factory import default_traces
+from lab import live_protocol
 from lab.batch_training import CAPPED, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
@@ -113,7 +114,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     sampling = SamplingConfig(args.temperature)
     warm_up = BatchedSpeculativeDecoder(pair.target, pair.draft, factories[policies[-1]](), sampling, max_depth=args.max_depth)
     run_load(warm_up, [ids for _, ids in prompts[:2]], Load(2, concurrency=2), max_new_tokens=8)
-    result = load_test(pair, factories, settings, sampling, prompts)
+    out = Path(args.out or f"loadtests/{time.strftime('%Y%m%d-%H%M%S')}")
+    checkpoint, identity = live_protocol.checkpoint_path(out, "load"), live_protocol.identity(pair, {"draft": pair.draft}, policies)
+    result = load_test(pair, factories, settings, sampling, prompts, checkpoint, identity)
     result["setup"] = {
         "pair": args.pair or f"{args.target} + {args.draft}",
         "dtype": args.dtype,
@@ -122,12 +125,12 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         "policies": policies,
         "batch_profile": args.batch_profile,
     }
-    out = Path(args.out or f"loadtests/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     lines = report_lines(result)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     plot_load_test(result, out / "load.png")
+    live_protocol.discard_checkpoints(out)
     print("\n".join(lines))
     print(f"results, report and plot in {out}/")
     return 0
@@ -210,7 +213,11 @@ def register(commands) -> None:
         help="skip checking, after the runs, that each greedy divergence from plain is a near-tie of the target",
     )
     load.add_argument("--seed", type=int, default=0)
-    load.add_argument("--out", help="folder for result.json, report.md and load.png (default loadtests/DATE)")
+    load.add_argument(
+        "--out",
+        help="folder for result.json, report.md and load.png (default loadtests/DATE); each finished load is kept there until "
+        "then: run again into the same folder, a killed load test resumes",
+    )
     load.set_defaults(func=cmd_loadtest)
 
     train = commands.add_parser("train-batch", help="PPO for a load-aware batch policy in batched replay (greedy traces + a batched cost profile)")
