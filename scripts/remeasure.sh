@@ -163,9 +163,12 @@ evaluations() {
 }
 
 speedup() {
-  step pair-speedup $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0,0.7 \
-    --policies static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,$KEEP/quickstart \
-    --out benchmarks/results/pair_speedup
+  # greedy, then T = 0.7, each its own step and report: a session that ends during the second keeps the first's report
+  local policies=static:1,static:2,static:3,static:4,static:5,static:6,static:8,heuristic,confidence,entropy,costmodel,$KEEP/quickstart
+  step pair-speedup $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0 \
+    --policies $policies --out benchmarks/results/pair_speedup
+  step pair-speedup-t0.7 $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0.7 \
+    --policies $policies --out benchmarks/results/pair_speedup_t0.7
 }
 
 benchmarks() {
