@@ -225,6 +225,7 @@ def summarise(report: dict) -> str:
         )
         lines.append(format_table(header + (["= plain"] if greedy else []), table))
         lines.append("")
+        lines += learned_against_static(live, summary)
         diverged = [r for rows in live.values() for r in rows if r.get("near_tie") is not None]
         if greedy and diverged:
             runs = sum(len(rows) for name, rows in live.items() if name != live_protocol.PLAIN)
@@ -239,6 +240,21 @@ def summarise(report: dict) -> str:
         f"draft {report['draft']}, {report['dtype']}." + "".join(f" [{name}]: {what}." for name, what in report.get("also_drafts", {}).items())
     )
     return "\n".join(lines)
+
+
+def learned_against_static(live: dict[str, list[dict]], summary: dict) -> list[str]:
+    """Each learned policy (a config naming a policy folder) against every static depth of the run, paired over
+    prompts, the best static depth (highest rate over all languages) first; no lines without both."""
+    statics = sorted((name for name in live if name.startswith("static:") and name.count(":") == 1), key=lambda n: -summary[n]["all"]["tokens_per_second"])
+    learned = [name for name in live if "/" in name]
+    lines = []
+    for name in learned if statics else []:
+        parts = []
+        for static in statics:
+            c = live_protocol.compare(live, name, static)
+            parts.append(f"`{static}`{' (best static)' if static == statics[0] else ''} {c['ratio']:.3f}x [{c['low']:.3f}, {c['high']:.3f}] ({c['verdict']})")
+        lines.append(f"`{name}` against each static depth, paired over prompts [95 %]: " + "; ".join(parts) + ".\n")
+    return lines
 
 
 def main() -> None:

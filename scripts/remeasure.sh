@@ -169,6 +169,10 @@ speedup() {
     --policies $policies --out benchmarks/results/pair_speedup
   step pair-speedup-t0.7 $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 8 --task every --repeats 2 --temperatures 0.7 \
     --policies $policies --out benchmarks/results/pair_speedup_t0.7
+  # the learned policy against the best static depths on three times the prompts (one run each: between prompts the
+  # texts differ far more than between runs, so prompts narrow the interval more than repeats do)
+  step pair-learned $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 24 --task every --repeats 1 --temperatures 0 \
+    --no-transformers --policies static:4,static:5,static:6,$KEEP/quickstart --out benchmarks/results/pair_learned
 }
 
 benchmarks() {

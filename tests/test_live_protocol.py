@@ -134,6 +134,25 @@ def test_the_report_marks_intervals_that_cover_one():
     assert "each prompt 2x per configuration, rotating order" in text
 
 
+def test_the_pair_benchmark_pairs_each_learned_policy_with_every_static_depth_best_first():
+    from benchmarks.pair_speedup import learned_against_static
+
+    def rows(seconds):
+        return [
+            {"id": str(i), "lang": lang, "tokens": 10, "seconds": s, "rounds": 5, "ttft": 0.01, "gaps": [s / 10] * 10, "identical": True, "peak_mib": None}
+            for i, (lang, s) in enumerate(zip(["it", "en", "zh", "es"] * 2, seconds))
+        ]
+
+    live = {"plain": rows([1.0] * 8), "static:2": rows([0.6] * 8), "static:4": rows([0.5] * 8), "static:4:copy": rows([0.1] * 8), "heuristic": rows([0.1] * 8)}
+    live["runs/learned"] = rows([0.25] * 8)
+    lines = learned_against_static(live, live_protocol.summarise(live))
+    assert len(lines) == 1 and lines[0].startswith("`runs/learned` against each static depth")
+    best, other = lines[0].split("; ")
+    assert best.endswith("`static:4` (best static) 2.000x [2.000, 2.000] (faster)")  # a copy-sourced depth or a heuristic is no static depth
+    assert other.startswith("`static:2` 2.400x")
+    assert learned_against_static({k: v for k, v in live.items() if not k.startswith("static")}, live_protocol.summarise(live)) == []
+
+
 def test_calibration_compares_replays_modelled_time_with_live_time(target, near_draft):
     """On a tiny pair whose flat profile (10 ms a target step) is far from its real speed, calibration reports
     the modelled and measured seconds per token of plain and speculative decoding, and warns."""
