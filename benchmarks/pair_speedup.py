@@ -304,8 +304,8 @@ def main() -> None:
     report = run(args)
     table = summarise(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    args.out.with_suffix(".md").write_text(table + "\n")
+    args.out.with_name(args.out.name + ".json").write_text(json.dumps(report, indent=1))  # not with_suffix: OUT may hold a dot (pair_speedup_t0.7)
+    args.out.with_name(args.out.name + ".md").write_text(table + "\n")
     for temperature in args.temperatures:
         partial_path(args.out, SamplingConfig(temperature)).unlink()
     print(table)
