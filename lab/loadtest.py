@@ -1,6 +1,7 @@
 """Load tests of the batched decoder (``adaptive loadtest``): requests from the test split, mixed languages,
 under closed-loop clients (a fixed concurrency) or Poisson arrivals (a fixed rate), bounded in count and
 time; latency percentiles, goodput, throughput and peak memory per policy, per language and overall.
+While the pause file exists (:func:`lab.live_protocol.pause_file`) it waits between runs, never inside one.
 
 Per request: TTFT (submission to first token, queueing included), TPOT (time per output token after the
 first: (last − first token) / (tokens − 1)), inter-token gaps (tokens of one round arrive together: the
@@ -30,6 +31,7 @@ from adaptive.policy import BatchPolicy
 from adaptive.profiling import hardware_description
 from adaptive.sampling import SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab import live_protocol
 from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
@@ -194,11 +196,14 @@ def load_test(
     for load, measured in zip(settings.loads, saved.done() if saved else []):
         out["loads"][load.label] = measured
     total = len(settings.loads) * settings.repeats * len(names)
+    pause = live_protocol.pause_file()
+    tqdm.write(f"load test: touch {pause} to pause between runs")
     with tqdm(total=total, initial=len(out["loads"]) * settings.repeats * len(names), desc="load test", unit="run") as bar:
         for load in settings.loads[len(out["loads"]) :]:
             runs: dict[str, list[dict]] = {name: [] for name in names}
             for repeat in range(settings.repeats):
                 for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+                    live_protocol.wait_while_paused(pause)
                     decoder = BatchedSpeculativeDecoder(
                         pair.target, pair.draft, policies[name](), sampling, tokenizer=pair.tokenizer, max_depth=settings.max_depth, max_batch=load.batch
                     )

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Live measurements wait while a pause file exists; the one a measurement beside the tests uses (runs/pause) must not
+# hold the tests back.
+os.environ["ADAPTIVE_PAUSE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="adaptive-tests-"), "pause")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

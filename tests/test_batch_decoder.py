@@ -268,6 +268,43 @@ def test_the_load_test_checks_each_divergence_for_a_near_tie(target):
     assert divergences(target, [prompt], rows(plain), rows(plain))["count"] == 0
 
 
+def test_a_load_test_waits_between_runs_while_the_pause_file_exists(target, near_draft, tmp_path, monkeypatch):
+    """The pause file, made while a run is under way, holds the next run back until it is removed."""
+    from adaptive.pair import ModelPair
+    from lab import live_protocol
+    from lab.loadtest import Load, LoadTestSettings, load_test
+
+    pause = tmp_path / "pause"
+    monkeypatch.setenv("ADAPTIVE_PAUSE_FILE", str(pause))
+    log: list[str] = []
+
+    def made(spec: str, pausing: bool = False):
+        def make():
+            log.append(spec)
+            if pausing:
+                pause.touch()  # other work starts while this run goes on
+            return make_batch_policy(spec)
+
+        return make
+
+    def removing_sleep(seconds: float) -> None:
+        log.append("waiting")
+        if log.count("waiting") % 2 == 0:
+            pause.unlink()
+
+    real_wait = live_protocol.wait_while_paused
+
+    def said(line: str) -> None:
+        log.append(line.split()[0].rstrip(":"))
+
+    monkeypatch.setattr(live_protocol, "wait_while_paused", lambda path: real_wait(path, sleep=removing_sleep, say=said))
+    settings = LoadTestSettings((Load(2, concurrency=2),), max_new_tokens=4)
+    policies = {"plain": made("plain", pausing=True), "static:2": made("static:2")}
+    result = load_test(ModelPair(target, near_draft, None, "tiny"), policies, settings, SamplingConfig(), [("en", [1, 4, 6]), ("it", [9, 2])])
+    assert log == ["plain", "paused", "waiting", "waiting", "resumed", "static:2"] and not pause.exists()
+    assert set(result["loads"]["concurrency 2"]["runs"]) == {"plain", "static:2"}
+
+
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
     """Each finished load is kept in the checkpoint; a rerun measures only the loads that are missing (one cut short
     by a kill included) and gives the finished ones back as measured; another identity is refused."""
