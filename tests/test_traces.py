@@ -231,3 +231,27 @@ def test_static_depth_acceptance_replayed_from_traces_equals_live_decoding(targe
             result = SpeculativeDecoder(target, near_draft, make_policy(f"static:{depth}")).generate(ids, 20)
             live = (sum(r.accepted for r in result.rounds), sum(r.rejected for r in result.rounds), len(result.rounds), len(result.token_ids))
             assert replay_static(traces, i, depth) == live, (depth, i)
+
+
+def test_the_pair_replay_benchmark_sets_each_policy_s_replay_beside_its_live_rows(target, near_draft):
+    """benchmarks/pair_replay.py replays a pair benchmark's rows from the traces: live rows that are the replay's own
+    records come back with the same τ, a live/replay round-time ratio of 1 and the same speedup both ways."""
+    from benchmarks.pair_replay import compare
+    from lab.evaluation import play
+
+    rows = [{"id": f"p{i}", "lang": lang} for i, lang in enumerate(("en", "it", "en"))]
+    traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), rows, PROMPTS, max_new_tokens=20, depth=4, metadata={})
+    profile = flat_profile()
+    plain = [{**row, "tokens": 20, "seconds": 20 * profile.target_step_seconds, "rounds": 20} for row in rows]
+    report = {"plain": plain}
+    for spec in ("static:1", "static:3"):
+        records = play(ReplayBackend(traces, profile, 4), lambda spec=spec: make_policy(spec), range(len(rows)), traces.langs, 1e-4)
+        report[spec] = [{**row, "tokens": r.tokens, "seconds": r.seconds, "rounds": r.rounds} for row, r in zip(rows, records)]
+    lines = compare(report, traces, profile, ("en",), 4)
+    assert lines[0].startswith("== en: 2 prompts")
+    for line in lines[1:]:
+        tau_live, tau_replay = (float(part.split()[-1]) for part in line.split("|")[0].split("replay"))
+        speedups = [float(x.rstrip("x")) for x in line.split("speedup live ")[1].split(" replay ")]
+        assert tau_live == tau_replay and "(live/replay 1.000)" in line and speedups[0] == pytest.approx(speedups[1], abs=1e-3), line
+    with pytest.raises(ValueError, match="no trace"):
+        compare({name: [{**r, "id": "elsewhere"} for r in rs] for name, rs in report.items()}, traces, profile, ("en",), 4)
