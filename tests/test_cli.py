@@ -137,6 +137,26 @@ def test_profile_writes_a_profile_and_prints_c_and_g(model_folders, tmp_path):
     assert check.returncode == 1 and "matrix_flags: 'avx2 amx_bf16' there" in check.stdout
 
 
+def test_a_profile_check_with_speed_times_the_pair_again_and_flags_another_speed(model_folders, tmp_path):
+    """--check FILE --speed times the target and draft steps now and compares them with FILE's: within a loose
+    tolerance it passes; against a profile whose steps are 50 times slower it fails, naming the ratio."""
+    out = tmp_path / "profile.json"
+    pair = ["--target", model_folders["target"], "--draft", model_folders["draft"]]
+    measured = run("profile", *pair, "--out", str(out), "--max-verify", "2", "--contexts", "8,16", "--reference-context", "16", "--repetitions", "2")
+    assert measured.returncode == 0, measured.stderr
+    same = run("profile", *pair, "--check", str(out), "--speed", "--speed-tolerance", "20", "--repetitions", "3")
+    assert same.returncode == 0 and "target step at context 16:" in same.stdout and "within" in same.stdout, same.stdout + same.stderr
+    document = json.loads(out.read_text())
+    for point in (document["verify"]["16"]["1"], document["draft_step"]["16"]):
+        point["median_ms"] *= 50
+    document["target_step_ms"] *= 50
+    out.write_text(json.dumps(document))
+    slower = run("profile", *pair, "--check", str(out), "--speed", "--repetitions", "3")
+    assert slower.returncode == 1 and "another speed" in slower.stdout and "(0.02x)" in slower.stdout, slower.stdout + slower.stderr
+    alone = run("profile", "--speed")
+    assert alone.returncode == 2 and "--speed goes with --check FILE" in alone.stderr
+
+
 def test_generate_without_a_pair_is_a_clear_error():
     result = run("generate", "hello")
     assert result.returncode == 2

@@ -16,6 +16,7 @@ from adaptive.copy_draft import CopyDraft
 from adaptive.models import cache_root
 from adaptive.pair import load_target
 from adaptive.precision import DTYPES, bf16_matmuls, resolve_dtype
+from adaptive.profile import CostProfile
 from adaptive.profiling import hardware_description, hardware_differences, profile_batches, profile_pair
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
@@ -64,14 +65,45 @@ def _check_profile(path: Path, device: str) -> int:
     return 0
 
 
+def _check_speed(path: Path, args: argparse.Namespace) -> int:
+    """``adaptive profile --check FILE --speed``: 0 when this machine runs the pair's target and draft steps now within
+    ``--speed-tolerance`` of FILE's, else 1. A host's speed can change between days (on a shared 2-core EPYC the target
+    step went from 55.7 to 20.5 ms overnight) while its CPU flags stay the same."""
+    document = json.loads(path.read_text())
+    if not (args.pair or args.target):
+        if "pair" not in document:
+            raise ValueError(f"{path} does not name its pair: give --pair NAME (or --target and --draft) with --speed")
+        args.pair = document["pair"]
+    args.dtype = document.get("dtype", args.dtype)  # the profile's precision, whatever --dtype says
+    recorded = CostProfile.from_dict(document, str(path))
+    reference = recorded.document["reference_context"]
+    pair = pair_from_arguments(args)
+    now = profile_pair(pair.target, pair.draft, max_verify=1, contexts=(reference,), reference_context=reference, repetitions=args.repetitions)
+    steps = {"target step": (now.target_step_ms, recorded.target_step_ms), "draft step": (now.draft_ms[0], recorded.draft_seconds(reference) * 1e3)}
+    worst = 0.0
+    for name, (here, there) in steps.items():
+        ratio = here / there
+        worst = max(worst, abs(ratio - 1.0))
+        print(f"{name} at context {reference}: {here:.2f} ms here now, {there:.2f} ms in {path} ({ratio:.2f}x)")
+    print(f"c here now {now.c:.4f}, in the profile {recorded.c:.4f}; profile measured {document.get('measured_at', '?')}")
+    if worst > args.speed_tolerance:
+        print(f"this machine runs at another speed than {path} says (beyond ±{args.speed_tolerance:.0%}): re-measure the profile before judging policies by it")
+        return 1
+    print(f"within ±{args.speed_tolerance:.0%} of {path}")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.speed and not args.check:
+        raise ValueError("--speed goes with --check FILE")
     if args.check:
-        return _check_profile(Path(args.check), args.device)
+        same = _check_profile(Path(args.check), args.device)
+        return _check_speed(Path(args.check), args) if same == 0 and args.speed else same
     pair = pair_from_arguments(args)
     if args.batches:
         return _profile_batches(pair, args)
@@ -242,6 +274,13 @@ def register(commands) -> None:
         help="instead: the batched decoder's forwards at these batch sizes (e.g. 1,2,4,8; --max-verify tokens per row, at --reference-context)",
     )
     prof.add_argument("--check", metavar="FILE", help="instead: exit 1 naming what differs unless FILE (any profile) was measured on hardware like this")
+    prof.add_argument(
+        "--speed",
+        action="store_true",
+        help="with --check: also time the pair's target and draft steps now (at FILE's precision and reference context, --repetitions "
+        "times) and exit 1 when either differs from FILE's by more than --speed-tolerance",
+    )
+    prof.add_argument("--speed-tolerance", type=float, default=0.25, help="relative difference --speed allows (default 0.25)")
     prof.set_defaults(func=cmd_profile)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
