@@ -184,3 +184,16 @@ def test_calibration_compares_replays_modelled_time_with_live_time(target, near_
     assert "| plain | 10.0 |" in text and ("Warning" in text) == (max(abs(r["error"]) for r in result["rows"].values()) > 0.15)
     with pytest.raises(ValueError, match="no.*trace|none of"):
         calibrate(target, lambda: None, [{"id": "zz", "lang": "en"}], [[1, 2]], traces, flat_profile(), "x", lambda: make_policy("static:1"), 4, 0.0)
+
+
+def test_the_round_cost_benchmark_sets_a_policy_s_rounds_beside_static_rounds_of_the_same_depth(target, near_draft):
+    """benchmarks/round_costs.py decodes every configuration on every prompt and groups each one's rounds by the depth
+    it drafted: static:2 drafts 2 wherever the token budget allows, and the report sets the policy's depth-2 rounds beside them."""
+    from adaptive.pair import ModelPair
+    from benchmarks.round_costs import measure, report
+
+    found = measure(ModelPair(target, near_draft, None, "tiny"), ["heuristic", "static:2"], IDS, new_tokens=12, repeats=1, max_depth=4)
+    assert set(found["static:2"]["by_depth"]) <= {0, 1, 2} and len(found["static:2"]["by_depth"][2]) >= len(IDS)
+    assert found["static:2"]["tokens"] == found["heuristic"]["tokens"] == 12 * len(IDS)
+    lines = report(found, "heuristic", [2])
+    assert lines[0].startswith("heuristic: ") and any(line.startswith("  depth 2 static:2: ") for line in lines)

@@ -1,0 +1,91 @@
+"""Live round costs by depth: a policy's rounds against the rounds of static depths that draft as deep.
+
+Decodes val prompts of the default pair live with the policy and with ``static:d`` for each d it names, in rotating
+order per prompt and repeat, and prints per configuration the wall time per round and per token, drafted tokens
+and τ per round; then for each depth d, the policy's rounds of depth d beside ``static:d``'s: medians of draft,
+verify and policy time from the decoder's RoundStats, median context, mean tokens accepted. Replay charges a
+round of depth d the same whoever drafts it; this shows what a policy's rounds cost live beyond that (its
+decisions, its per-step draft features, the draft catching up on a longer accepted run).
+
+Run: .venv/bin/python benchmarks/round_costs.py --policy benchmarks/kept-policies/quickstart --depths 3,8 [--per-language 2] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+from adaptive import SpeculativeDecoder, load_pair
+from adaptive.precision import CHOICES as DTYPE_CHOICES
+from adaptive.precision import DEFAULT_DTYPE
+from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from policies import make_policy
+
+
+def measure(pair, specs: list[str], prompts: list[list[int]], new_tokens: int, repeats: int, max_depth: int) -> dict[str, dict]:
+    """Per spec: wall seconds, tokens, rounds, drafted tokens, and per drafted depth the rounds'
+    (draft ms, verify ms, policy ms, context, accepted)."""
+    found = {spec: {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "by_depth": defaultdict(list)} for spec in specs}
+    SpeculativeDecoder(pair.target, pair.draft, make_policy(specs[0]), max_depth=max_depth).generate(prompts[0], 8)  # warm-up
+    for repeat in range(repeats):
+        for index, ids in enumerate(prompts):
+            turn = (index + repeat) % len(specs)
+            for spec in specs[turn:] + specs[:turn]:
+                result = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), max_depth=max_depth).generate(ids, new_tokens)
+                entry = found[spec]
+                entry["wall"] += result.total_time
+                entry["tokens"] += len(result.token_ids)
+                entry["rounds"] += len(result.rounds)
+                for r in result.rounds:
+                    entry["drafted"] += r.drafted
+                    entry["by_depth"][r.drafted].append((r.draft_time * 1e3, r.verify_time * 1e3, r.policy_time * 1e3, r.context_length, r.accepted))
+    return found
+
+
+def report(found: dict[str, dict], policy: str, depths: list[int]) -> list[str]:
+    """The benchmark's lines."""
+    lines = []
+    for spec, entry in found.items():
+        rounds = max(1, entry["rounds"])
+        lines.append(
+            f"{spec}: {entry['wall'] / rounds * 1e3:.2f} ms/round, {entry['wall'] / max(1, entry['tokens']) * 1e3:.2f} ms/token,"
+            f" drafted {entry['drafted'] / rounds:.2f}, tau {entry['tokens'] / rounds:.2f}"
+        )
+    lines.append("rounds of one depth (medians of draft, verify, policy ms; median context; mean accepted):")
+    for depth in depths:
+        for spec in (policy, f"static:{depth}"):
+            rows = found[spec]["by_depth"].get(depth, [])
+            if not rows:
+                lines.append(f"  depth {depth} {spec}: no rounds")
+                continue
+            med = [statistics.median(row[i] for row in rows) for i in range(4)]
+            lines.append(
+                f"  depth {depth} {spec}: {len(rows)} rounds; draft {med[0]:.2f}, verify {med[1]:.2f}, policy {med[2]:.3f} ms;"
+                f" context {med[3]:.0f}; accepted {statistics.mean(row[4] for row in rows):.2f}"
+            )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", required=True, help="a policy spec or a learned policy folder")
+    parser.add_argument("--depths", default="3,8", help="static depths to set beside the policy's rounds of that depth")
+    parser.add_argument("--per-language", type=int, default=2, help="val prompts per language")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--max-depth", type=int, default=8)
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
+    args = parser.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+    if not all(1 <= d <= args.max_depth for d in depths):
+        raise SystemExit(f"--depths must lie in 1..{args.max_depth} (--max-depth), got {args.depths}")
+    pair = load_pair("smollm2-135m", args.dtype)
+    prompts = [chat_ids(pair.tokenizer, p["prompt"]) for lang in LANGUAGES for p in load_prompts("val", lang=lang)[: args.per_language]]
+    specs = [args.policy, *(f"static:{d}" for d in depths)]
+    print(f"default pair at {args.dtype}, greedy, {len(prompts)} val prompts x {args.new_tokens} tokens, {args.repeats} repeats in rotating order")
+    print("\n".join(report(measure(pair, specs, prompts, args.new_tokens, args.repeats, args.max_depth), args.policy, depths)))
+
+
+if __name__ == "__main__":
+    main()
