@@ -155,6 +155,8 @@ def test_a_profile_check_with_speed_times_the_pair_again_and_flags_another_speed
     assert slower.returncode == 1 and "another speed" in slower.stdout and "(0.02x)" in slower.stdout, slower.stdout + slower.stderr
     alone = run("profile", "--speed")
     assert alone.returncode == 2 and "--speed goes with --check FILE" in alone.stderr
+    negative = run("profile", "--check", str(out), "--speed", "--speed-tolerance", "-1")
+    assert negative.returncode == 2 and "--speed-tolerance must be above 0" in negative.stderr and "got -1.0" in negative.stderr
 
 
 def test_generate_without_a_pair_is_a_clear_error():

@@ -101,6 +101,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.speed and not args.check:
         raise ValueError("--speed goes with --check FILE")
+    if args.speed_tolerance <= 0:
+        raise ValueError(f"--speed-tolerance must be above 0 (a relative difference, e.g. 0.25), got {args.speed_tolerance}")
     if args.check:
         same = _check_profile(Path(args.check), args.device)
         return _check_speed(Path(args.check), args) if same == 0 and args.speed else same
