@@ -19,13 +19,11 @@ from pathlib import Path
 from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
 from adaptive.workload import LANGUAGES
+from envs.env import DEFAULT_DECISION_SECONDS
 from envs.replay import ReplayBackend
 from lab.evaluation import paired_ratio, play
 from lab.live_protocol import PLAIN
 from policies import make_policy
-
-DECISION_SECONDS = 1e-4
-"""Per-decision cost the replay charges (as the evaluation does)."""
 
 
 def rate(rows: list[dict]) -> tuple[float, float, float]:
@@ -53,7 +51,7 @@ def compare(report: dict, traces: TraceSet, profile: CostProfile, langs: tuple[s
             lambda spec=name: make_policy(spec),
             [index[report[PLAIN][i]["id"]] for i in keep],
             traces.langs,
-            DECISION_SECONDS,
+            DEFAULT_DECISION_SECONDS,
         )
         live[name] = [rows[i] for i in keep]
         replay[name] = [{"tokens": r.tokens, "seconds": r.seconds, "rounds": r.rounds} for r in records]
