@@ -3,6 +3,7 @@ request in a changing batch, and per-request exactness at T > 0 (enumeration, as
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -308,8 +309,6 @@ def test_a_load_test_waits_between_runs_while_the_pause_file_exists(target, near
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
     """Each finished load is kept in the checkpoint; a rerun measures only the loads that are missing (one cut short
     by a kill included) and gives the finished ones back as measured; another identity is refused."""
-    import json
-
     from adaptive.pair import ModelPair
     from lab.loadtest import Load, LoadTestSettings, load_test
 
@@ -332,3 +331,27 @@ def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_dr
     with pytest.raises(ValueError, match="other identity"):
         load_test(pair, policies, settings, greedy, prompts, checkpoint, {"draft": "b"})
     assert len(made) == 6
+
+
+def test_pooled_load_tests_add_their_runs_and_pair_requests_within_each_file(target, near_draft):
+    """benchmarks/pool_loadtests.py pools two load tests of the same requests: runs add up per load, a policy only one
+    file ran is paired within that file, and files with other settings are refused."""
+    from adaptive.pair import ModelPair
+    from benchmarks.pool_loadtests import compare, pool
+    from lab.loadtest import Load, LoadTestSettings, load_test
+
+    pair, prompts = ModelPair(target, near_draft, None, "tiny"), [("en", [1, 4, 6]), ("it", [9, 2, 2, 5])]
+    policies = {name: (lambda name=name: make_batch_policy(name)) for name in ("plain", "static:2", "static:3")}
+    first = load_test(pair, policies, LoadTestSettings((Load(2, concurrency=1), Load(2, concurrency=2)), max_new_tokens=6), SamplingConfig(), prompts)
+    fewer = {name: policies[name] for name in ("plain", "static:2")}
+    more = load_test(pair, fewer, LoadTestSettings((Load(2, concurrency=2),), max_new_tokens=6, repeats=2), SamplingConfig(), prompts)
+    pooled = pool([json.loads(json.dumps(first)), json.loads(json.dumps(more))])
+    assert {name: len(runs) for name, runs in pooled["concurrency 2"].items()} == {"plain": 2, "static:2": 2, "static:3": 1}
+    lines = compare(pooled, "plain", 100.0)
+    at_two = lines[lines.index("## concurrency 2") + 1 :]
+    assert at_two[0].startswith("plain: 3 runs") and at_two[1].startswith("static:2: 3 runs") and at_two[2].startswith("static:3: 1 runs")
+    assert all("per request / plain" in line for line in at_two[1:])
+    other = json.loads(json.dumps(more))
+    other["settings"]["max_new_tokens"] = 7
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        pool([first, other])

@@ -1,0 +1,81 @@
+"""Pool the runs of several load tests and set every policy against one of them.
+
+Reads the ``result.json`` of load tests run with the same requests and settings (e.g. a first run and more repeats
+at some loads), pools each policy's runs per load (goodput and throughput: all tokens over all wall time; ITL p95
+over all inter-token gaps) and prints, per load, each policy's goodput, ITL p95 and per-request speed over the
+reference policy with a 95 % paired bootstrap interval over requests. Loads that only some files measured are
+pooled over those files.
+
+Run: .venv/bin/python benchmarks/pool_loadtests.py benchmarks/results/loadtests/learned/result.json \\
+    benchmarks/results/loadtests/learned-c4c8/result.json --versus "schedule:1-1=4,2-3=3,4-7=3,8-16=2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lab.evaluation import paired_ratio
+
+SAME = ("max_new_tokens", "max_depth", "slo_tpot_ms", "seed")
+"""Settings the pooled files must share."""
+
+
+def pool(results: list[dict]) -> dict[str, dict[str, dict[int, list[dict]]]]:
+    """Per load label, per policy, per file (its index): that file's runs."""
+    first = results[0]["settings"]
+    for result in results[1:]:
+        differing = [key for key in SAME if result["settings"].get(key) != first.get(key)]
+        if differing:
+            key = differing[0]
+            raise ValueError(f"load tests with other settings cannot be pooled: {key} is {result['settings'].get(key)!r} in one, {first.get(key)!r} in another")
+    pooled: dict[str, dict[str, dict[int, list[dict]]]] = {}
+    for index, result in enumerate(results):
+        for label, load in result["loads"].items():
+            for name, runs in load["runs"].items():
+                pooled.setdefault(label, {}).setdefault(name, {})[index] = runs
+    return pooled
+
+
+def compare(pooled: dict[str, dict[str, dict[int, list[dict]]]], versus: str, slo_tpot_ms: float) -> list[str]:
+    """Per load, a line per policy: runs, throughput, goodput (tok/s of requests whose TPOT is within
+    ``slo_tpot_ms``), ITL p95, and the per-request speed over ``versus`` [95 %], paired within each file's runs."""
+    lines = []
+    for label, policies in pooled.items():
+        if versus not in policies:
+            raise ValueError(f"{label} has no policy {versus!r}; its policies: {', '.join(policies)}")
+        lines.append(f"## {label}")
+        for name, by_file in policies.items():
+            runs = [run for file_runs in by_file.values() for run in file_runs]
+            rows = [row for run in runs for row in run["rows"]]
+            wall = sum(run["wall"] for run in runs)
+            gaps = [gap for row in rows for gap in row["gaps"]]
+            meeting = sum(r["tokens"] for r in rows if r["tpot"] == r["tpot"] and r["tpot"] * 1e3 <= slo_tpot_ms)
+            line = (
+                f"{name}: {len(runs)} runs, {sum(r['tokens'] for r in rows) / wall:.1f} tok/s, goodput {meeting / wall:.1f} tok/s,"
+                f" ITL p95 {np.percentile(gaps, 95) * 1e3:.1f} ms"
+            )
+            shared = [index for index in by_file if index in policies[versus]]
+            if name != versus and shared:
+                mine = [row for index in shared for run in by_file[index] for row in run["rows"]]
+                base = [row for index in shared for run in policies[versus][index] for row in run["rows"]]
+                ratio, low, high = paired_ratio([(r["tokens"], r["seconds"]) for r in mine], [(r["tokens"], r["seconds"]) for r in base])
+                line += f"; per request / {versus} {ratio:.3f} [{low:.3f}, {high:.3f}]"
+            lines.append(line)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path, help="result.json files of `adaptive loadtest` runs")
+    parser.add_argument("--versus", required=True, help="the policy (as named in the results) every other one is set against")
+    args = parser.parse_args()
+    results = [json.loads(path.read_text()) for path in args.results]
+    print("\n".join(compare(pool(results), args.versus, results[0]["settings"]["slo_tpot_ms"])))
+
+
+if __name__ == "__main__":
+    main()
