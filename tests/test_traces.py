@@ -255,3 +255,9 @@ def test_the_pair_replay_benchmark_sets_each_policy_s_replay_beside_its_live_row
         assert tau_live == tau_replay and "(live/replay 1.000)" in line and speedups[0] == pytest.approx(speedups[1], abs=1e-3), line
     with pytest.raises(ValueError, match="no trace"):
         compare({name: [{**r, "id": "elsewhere"} for r in rs] for name, rs in report.items()}, traces, profile, ("en",), 4)
+    free = compare(report, traces, profile, ("en",), 4, baseline_decision=0.0)  # rules' decisions charged nothing
+
+    def replay_speedup(line: str) -> float:
+        return float(line.split(" replay ")[-1].rstrip("x"))
+
+    assert all(replay_speedup(a) > replay_speedup(b) for a, b in zip(free[1:], lines[1:]))
