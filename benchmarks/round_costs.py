@@ -5,9 +5,12 @@ order per prompt and repeat, and prints per configuration the wall time per roun
 and τ per round; then for each depth d, the policy's rounds of depth d beside ``static:d``'s: medians of draft,
 verify and policy time from the decoder's RoundStats, median context, mean tokens accepted. Replay charges a
 round of depth d the same whoever drafts it; this shows what a policy's rounds cost live beyond that (its
-decisions, its per-step draft features, the draft catching up on a longer accepted run).
+decisions, its per-step draft features, the draft catching up on a longer accepted run). ``--cycle 2,8`` adds a
+rule drafting those depths in turn (does mixing depths cost anything?), ``--with-features`` a copy of each static
+depth that reads the draft's features at every step, as a learned policy does (what do they cost?).
 
 Run: .venv/bin/python benchmarks/round_costs.py --policy benchmarks/kept-policies/quickstart --depths 3,8 [--per-language 2] [--repeats 2]
+     .venv/bin/python benchmarks/round_costs.py --policy static:5 --depths 2,5,8 --cycle 2,8 --with-features
 """
 
 from __future__ import annotations
@@ -15,24 +18,52 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 
 from adaptive import SpeculativeDecoder, load_pair
+from adaptive.policy import BasePolicy, DraftPolicy, DraftState, RoundStats
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from policies import make_policy
+from policies.baselines import StaticDepth
 
 
-def measure(pair, specs: list[str], prompts: list[list[int]], new_tokens: int, repeats: int, max_depth: int) -> dict[str, dict]:
-    """Per spec: wall seconds, tokens, rounds, drafted tokens, and per drafted depth the rounds'
+class CycleDepths(BasePolicy):
+    """Drafts the given depths in turn, round after round."""
+
+    reads_step_features = False
+
+    def __init__(self, depths: tuple[int, ...]) -> None:
+        self.depths, self.name, self.round = depths, "cycle:" + ",".join(map(str, depths)), 0
+
+    def reset(self) -> None:
+        self.round = 0
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.depth < self.depths[self.round % len(self.depths)]
+
+    def observe(self, stats: RoundStats) -> None:
+        self.round += 1
+
+
+class FeaturedStaticDepth(StaticDepth):
+    """A static depth that has the decoder compute the draft's features at every step, as a learned policy does."""
+
+    reads_step_features = True
+
+
+def measure(pair, makers: dict[str, Callable[[], DraftPolicy]], prompts: list[list[int]], new_tokens: int, repeats: int, max_depth: int) -> dict[str, dict]:
+    """Per configuration: wall seconds, tokens, rounds, drafted tokens, and per drafted depth the rounds'
     (draft ms, verify ms, policy ms, context, accepted)."""
-    found = {spec: {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "by_depth": defaultdict(list)} for spec in specs}
-    SpeculativeDecoder(pair.target, pair.draft, make_policy(specs[0]), max_depth=max_depth).generate(prompts[0], 8)  # warm-up
+    names = list(makers)
+    found = {name: {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "by_depth": defaultdict(list)} for name in names}
+    SpeculativeDecoder(pair.target, pair.draft, makers[names[0]](), max_depth=max_depth).generate(prompts[0], 8)  # warm-up
     for repeat in range(repeats):
         for index, ids in enumerate(prompts):
-            turn = (index + repeat) % len(specs)
-            for spec in specs[turn:] + specs[:turn]:
-                result = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), max_depth=max_depth).generate(ids, new_tokens)
+            turn = (index + repeat) % len(names)
+            for spec in names[turn:] + names[:turn]:
+                result = SpeculativeDecoder(pair.target, pair.draft, makers[spec](), max_depth=max_depth).generate(ids, new_tokens)
                 entry = found[spec]
                 entry["wall"] += result.total_time
                 entry["tokens"] += len(result.token_ids)
@@ -43,8 +74,8 @@ def measure(pair, specs: list[str], prompts: list[list[int]], new_tokens: int, r
     return found
 
 
-def report(found: dict[str, dict], policy: str, depths: list[int]) -> list[str]:
-    """The benchmark's lines."""
+def report(found: dict[str, dict], depths: list[int]) -> list[str]:
+    """The benchmark's lines: each configuration's totals, then for each depth every configuration's rounds of it."""
     lines = []
     for spec, entry in found.items():
         rounds = max(1, entry["rounds"])
@@ -54,10 +85,9 @@ def report(found: dict[str, dict], policy: str, depths: list[int]) -> list[str]:
         )
     lines.append("rounds of one depth (medians of draft, verify, policy ms; median context; mean accepted):")
     for depth in depths:
-        for spec in (policy, f"static:{depth}"):
-            rows = found[spec]["by_depth"].get(depth, [])
+        for spec, entry in found.items():
+            rows = entry["by_depth"].get(depth, [])
             if not rows:
-                lines.append(f"  depth {depth} {spec}: no rounds")
                 continue
             med = [statistics.median(row[i] for row in rows) for i in range(4)]
             lines.append(
@@ -76,15 +106,26 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--max-depth", type=int, default=8)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
+    parser.add_argument("--cycle", help="also a rule drafting these depths in turn, e.g. 2,8")
+    parser.add_argument("--with-features", action="store_true", help="also each static depth reading the draft's features at every step")
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     if not all(1 <= d <= args.max_depth for d in depths):
         raise SystemExit(f"--depths must lie in 1..{args.max_depth} (--max-depth), got {args.depths}")
     pair = load_pair("smollm2-135m", args.dtype)
     prompts = [chat_ids(pair.tokenizer, p["prompt"]) for lang in LANGUAGES for p in load_prompts("val", lang=lang)[: args.per_language]]
-    specs = [args.policy, *(f"static:{d}" for d in depths)]
+    makers: dict[str, Callable[[], DraftPolicy]] = {args.policy: lambda: make_policy(args.policy)}
+    for depth in depths:
+        makers[f"static:{depth}"] = lambda depth=depth: StaticDepth(depth)
+        if args.with_features:
+            makers[f"static:{depth}+features"] = lambda depth=depth: FeaturedStaticDepth(depth)
+    if args.cycle:
+        cycle = tuple(int(d) for d in args.cycle.split(","))
+        if not all(1 <= d <= args.max_depth for d in cycle):
+            raise SystemExit(f"--cycle depths must lie in 1..{args.max_depth}, got {args.cycle}")
+        makers[f"cycle:{args.cycle}"] = lambda: CycleDepths(cycle)
     print(f"default pair at {args.dtype}, greedy, {len(prompts)} val prompts x {args.new_tokens} tokens, {args.repeats} repeats in rotating order")
-    print("\n".join(report(measure(pair, specs, prompts, args.new_tokens, args.repeats, args.max_depth), args.policy, depths)))
+    print("\n".join(report(measure(pair, makers, prompts, args.new_tokens, args.repeats, args.max_depth), depths)))
 
 
 if __name__ == "__main__":

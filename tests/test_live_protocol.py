@@ -188,12 +188,21 @@ def test_calibration_compares_replays_modelled_time_with_live_time(target, near_
 
 def test_the_round_cost_benchmark_sets_a_policy_s_rounds_beside_static_rounds_of_the_same_depth(target, near_draft):
     """benchmarks/round_costs.py decodes every configuration on every prompt and groups each one's rounds by the depth
-    it drafted: static:2 drafts 2 wherever the token budget allows, and the report sets the policy's depth-2 rounds beside them."""
+    it drafted: static:2 drafts 2 wherever the token budget allows, the cycling rule drafts 1 and 3 in turn, and the
+    report sets every configuration's rounds of one depth together."""
     from adaptive.pair import ModelPair
-    from benchmarks.round_costs import measure, report
+    from benchmarks.round_costs import CycleDepths, FeaturedStaticDepth, measure, report
 
-    found = measure(ModelPair(target, near_draft, None, "tiny"), ["heuristic", "static:2"], IDS, new_tokens=12, repeats=1, max_depth=4)
+    makers = {
+        "heuristic": lambda: make_policy("heuristic"),
+        "static:2": lambda: make_policy("static:2"),
+        "static:2+features": lambda: FeaturedStaticDepth(2),
+        "cycle:1,3": lambda: CycleDepths((1, 3)),
+    }
+    found = measure(ModelPair(target, near_draft, None, "tiny"), makers, IDS, new_tokens=12, repeats=1, max_depth=4)
     assert set(found["static:2"]["by_depth"]) <= {0, 1, 2} and len(found["static:2"]["by_depth"][2]) >= len(IDS)
-    assert found["static:2"]["tokens"] == found["heuristic"]["tokens"] == 12 * len(IDS)
-    lines = report(found, "heuristic", [2])
+    assert {depth for depth, rows in found["cycle:1,3"]["by_depth"].items() if depth} <= {1, 2, 3} and found["cycle:1,3"]["by_depth"][3]
+    assert found["static:2"]["tokens"] == found["heuristic"]["tokens"] == found["static:2+features"]["tokens"] == 12 * len(IDS)
+    lines = report(found, [2])
     assert lines[0].startswith("heuristic: ") and any(line.startswith("  depth 2 static:2: ") for line in lines)
+    assert any(line.startswith("  depth 2 static:2+features: ") for line in lines)
