@@ -1,10 +1,10 @@
 """Pool the runs of several load tests and set every policy against one of them.
 
 Reads the ``result.json`` of load tests run with the same requests and settings (e.g. a first run and more repeats
-at some loads), pools each policy's runs per load (goodput and throughput: all tokens over all wall time; ITL p95
-over all inter-token gaps) and prints, per load, each policy's goodput, ITL p95 and per-request speed over the
-reference policy with a 95 % paired bootstrap interval over requests. Loads that only some files measured are
-pooled over those files.
+at some loads), pools each policy's runs per load (``lab.loadtest.summary`` over all their requests and wall time:
+goodput and throughput, ITL p95 over all inter-token gaps) and prints, per load, each policy's goodput, ITL p95 and
+per-request speed over the reference policy with a 95 % paired bootstrap interval over requests. Loads that only
+some files measured are pooled over those files.
 
 Run: .venv/bin/python benchmarks/pool_loadtests.py benchmarks/results/loadtests/learned/result.json \\
     benchmarks/results/loadtests/learned-c4c8/result.json --versus "schedule:1-1=4,2-3=3,4-7=3,8-16=2"
@@ -16,9 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from lab.evaluation import paired_ratio
+from lab.loadtest import summary
 
 SAME = ("max_new_tokens", "max_depth", "slo_tpot_ms", "seed")
 """Settings the pooled files must share."""
@@ -50,13 +49,10 @@ def compare(pooled: dict[str, dict[str, dict[int, list[dict]]]], versus: str, sl
         lines.append(f"## {label}")
         for name, by_file in policies.items():
             runs = [run for file_runs in by_file.values() for run in file_runs]
-            rows = [row for run in runs for row in run["rows"]]
-            wall = sum(run["wall"] for run in runs)
-            gaps = [gap for row in rows for gap in row["gaps"]]
-            meeting = sum(r["tokens"] for r in rows if r["tpot"] == r["tpot"] and r["tpot"] * 1e3 <= slo_tpot_ms)
+            pooled_summary = summary([row for run in runs for row in run["rows"]], sum(run["wall"] for run in runs), slo_tpot_ms)
             line = (
-                f"{name}: {len(runs)} runs, {sum(r['tokens'] for r in rows) / wall:.1f} tok/s, goodput {meeting / wall:.1f} tok/s,"
-                f" ITL p95 {np.percentile(gaps, 95) * 1e3:.1f} ms"
+                f"{name}: {len(runs)} runs, {pooled_summary['throughput']:.1f} tok/s, goodput {pooled_summary['goodput']:.1f} tok/s,"
+                f" ITL p95 {pooled_summary['itl_ms']['p95']:.1f} ms"
             )
             shared = [index for index in by_file if index in policies[versus]]
             if name != versus and shared:

@@ -25,6 +25,7 @@ from adaptive.policy import BasePolicy, DraftPolicy, DraftState, RoundStats
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.live_protocol import rotation
 from policies import make_policy
 from policies.baselines import StaticDepth
 
@@ -61,8 +62,7 @@ def measure(pair, makers: dict[str, Callable[[], DraftPolicy]], prompts: list[li
     SpeculativeDecoder(pair.target, pair.draft, makers[names[0]](), max_depth=max_depth).generate(prompts[0], 8)  # warm-up
     for repeat in range(repeats):
         for index, ids in enumerate(prompts):
-            turn = (index + repeat) % len(names)
-            for spec in names[turn:] + names[:turn]:
+            for spec in rotation(names, index + repeat):
                 result = SpeculativeDecoder(pair.target, pair.draft, makers[spec](), max_depth=max_depth).generate(ids, new_tokens)
                 entry = found[spec]
                 entry["wall"] += result.total_time

@@ -202,7 +202,7 @@ def load_test(
         for load in settings.loads[len(out["loads"]) :]:
             runs: dict[str, list[dict]] = {name: [] for name in names}
             for repeat in range(settings.repeats):
-                for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+                for name in live_protocol.rotation(names, repeat):
                     live_protocol.wait_while_paused(pause)
                     decoder = BatchedSpeculativeDecoder(
                         pair.target, pair.draft, policies[name](), sampling, tokenizer=pair.tokenizer, max_depth=settings.max_depth, max_batch=load.batch
