@@ -34,6 +34,7 @@ from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
 from lab.environments import quick_profile
+from lab.live_protocol import pause_file, wait_while_paused
 from lab.report import format_table
 from policies import make_policy
 
@@ -51,6 +52,15 @@ def steps_per_second(env: SpecDecodeEnv, seconds: float, seed: int = 0) -> tuple
         if terminated:
             env.reset()
     return steps / (time.perf_counter() - start), steps
+
+
+def live_generations(decoder: SpeculativeDecoder, ids: list[int], new_tokens: int, seeds: range) -> list:
+    """One live generation per seed, each started only while the pause file (``runs/pause``) is absent."""
+    results = []
+    for seed in seeds:
+        wait_while_paused(pause_file())
+        results.append(decoder.generate(ids, new_tokens, seed=seed))
+    return results
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -77,7 +87,7 @@ def run(args: argparse.Namespace) -> dict:
         ids = chat_ids(pair.tokenizer, rows_by_id[traces.prompt_ids[index]]["prompt"])
         for spec in POLICIES:
             decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, max_depth=traces.depth)
-            lives = [decoder.generate(ids, traces.max_new_tokens, seed=seed) for seed in range(repeats)]
+            lives = live_generations(decoder, ids, traces.max_new_tokens, range(repeats))
             replays = [run_policy(replay, make_policy(spec), [index], decision_seconds=0.0)[0] for _ in range(repeats)]
             live_accepted = [r.accepted for r in lives[0].rounds]
             replay_accepted = [c.accepted for c in replays[0].cycles]
@@ -138,7 +148,7 @@ def run_sampled(args: argparse.Namespace, traces: TraceSet, replay: ReplayBacken
         ids = chat_ids(pair.tokenizer, rows_by_id[prompt_id]["prompt"])
         for spec in POLICIES:
             decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), sampling, tokenizer=pair.tokenizer, max_depth=traces.depth)
-            lives = [decoder.generate(ids, traces.max_new_tokens, seed=seed) for seed in range(args.repeats)]
+            lives = live_generations(decoder, ids, traces.max_new_tokens, range(args.repeats))
             replays = [e for seed in range(args.repeats) for e in run_policy(replay, make_policy(spec), entries[prompt_id], 0.0, seed=seed)]
             results.append(
                 {

@@ -24,6 +24,7 @@ from adaptive.tree_traces import TreeTraceSet
 from adaptive.workload import chat_ids, first_per_language, load_prompts
 from envs.rollout import run_policy
 from envs.tree_replay import TreeReplayBackend
+from lab.live_protocol import pause_file, wait_while_paused
 from lab.report import format_table
 from policies import make_policy
 
@@ -53,6 +54,7 @@ def main() -> None:
         for index in chosen:
             ids = chat_ids(pair.tokenizer, rows_by_id[traces.prompt_ids[index]]["prompt"])
             decoder = TreeDecoder(pair.target, pair.draft, make_policy(spec), TreeShape(shape.branching, shape.width, size), max_depth=depth)
+            wait_while_paused(pause_file())  # while runs/pause exists, other work has the machine
             live = decoder.generate(ids, traces.max_new_tokens)
             (episode,) = run_policy(backend, make_policy(spec), [index], 0.0)
             live_rounds = [(r.drafted, r.verified, r.accepted, r.emitted) for r in live.rounds]

@@ -16,7 +16,7 @@
 # (default auto) is the precision of every step; DRY_RUN=1 prints the steps only; ONLY="STAGE-NAME ..." runs only
 # those steps (e.g. ONLY="traces-test traces-val-tree" to fit what is left of a session).
 # To run other work beside it without landing inside a timed generation: `touch runs/pause` (the live measurements of
-# speedup and evaluations wait between generations while it exists; "paused" in the step's log), then `rm runs/pause`.
+# speedup, evaluations and benchmarks wait between generations while it exists; "paused" in the step's log), then `rm runs/pause`.
 # Policies are fitted to the profiles, and every stage after them judges those policies live or times against the
 # profiles, so those stages run only on hardware like the profiles' (`adaptive profile --check`; exit 3 otherwise), and
 # re-measured profiles mark every step after them to be run again. Every policy the later stages judge is kept in
