@@ -80,15 +80,32 @@ class LearnedPolicy(BasePolicy):
         self.schema = ObservationSchema.of(metadata["schema"])
         self._builder = ObservationBuilder(self.schema, metadata["profile"]["c"], metadata["profile"]["g"])
         self.name = metadata.get("name", "learned")
+        self.reset()
 
     def observation(self, state: DraftState) -> np.ndarray:
-        """The observation the environment would have shown in this state."""
-        builder = self._builder
-        builder.new_round(state.recent_accepted, state.source, state.copy_match, state.copy_first)
-        for depth, step in enumerate(state.steps[: self.schema.max_depth], start=1):
+        """The observation the environment would have shown in this state.
+
+        Within a round only the steps drafted since the last decision are added (the decoder shows the same
+        step objects all round); any other state (a new round, recomputed features) rebuilds the round."""
+        builder, seen = self._builder, self._round_steps
+        steps = state.steps[: self.schema.max_depth]
+        same_round = (
+            self._round_key == (state.context_length, state.source, state.recent_accepted)
+            and len(seen) <= len(steps)
+            and all(a is b for a, b in zip(seen, steps))
+        )
+        if not same_round:
+            builder.new_round(state.recent_accepted, state.source, state.copy_match, state.copy_first)
+            self._round_key, seen = (state.context_length, state.source, state.recent_accepted), ()
+        for depth, step in enumerate(steps[len(seen) :], start=len(seen) + 1):
             builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length, step.margin)
+        self._round_steps = steps
         depth = min(state.depth, self.schema.max_depth)
         return builder.build(depth, min(state.max_depth, self.schema.max_depth), state.context_length, state.generated)
+
+    def reset(self) -> None:
+        """Forget the round the observation was built for."""
+        self._round_key, self._round_steps = None, ()
 
     def source(self, state: DraftState) -> str:
         if self._source_layers is None:

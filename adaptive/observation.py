@@ -148,54 +148,60 @@ class ObservationSchema:
 
 
 class ObservationBuilder:
-    """Fills one reusable observation vector as a round progresses (cheap enough for replay speed)."""
+    """Fills one reusable observation vector as a round progresses: a round's fixed fields once, each draft
+    step's fields once, the depth-dependent ones at each build (cheap enough for replay speed, and for a
+    learned policy's decisions in the decoding loop)."""
 
     def __init__(self, schema: ObservationSchema, c: float, g: Sequence[float]) -> None:
         self.schema = schema
-        self.c = c
-        self.g = list(g) + [g[-1]] * max(0, schema.max_depth + 2 - len(g))
+        self.g = [float(x) for x in g] + [float(g[-1])] * max(0, schema.max_depth + 2 - len(g))
         self._width = schema.step_width
-        self._steps = np.zeros(self._width * schema.max_depth, dtype=np.float32)
-        self._recent = np.zeros(RECENT, dtype=np.float32)
-        self._head = schema.copy_head
-        self._copy = np.zeros(self._head + schema.max_depth if schema.copy else 0, dtype=np.float32)
-        """Copy schemas: source one-hot, copy match, (3, 4:) first proposal's share and entropy, per-step match lengths."""
+        self._recent_at = 3 + self._width * schema.max_depth
+        self._tail_at = self._recent_at + RECENT
+        self._copy_at = self._tail_at + 3
+        """Copy schemas: source one-hot, copy match, (3, 4:) first proposal's share and entropy, per-step match lengths, generated."""
+        self._vector = np.zeros(schema.size, dtype=np.float32)
+        self._vector[self._tail_at] = _bounded(c)
 
     def new_round(self, recent: Sequence[int], source: str = "model", copy_match: int = 0, copy_first: tuple[float, float] = (0.0, 0.0)) -> None:
         """Forget the previous round's steps; ``recent`` are accepted lengths, oldest first; ``source``,
         ``copy_match`` and ``copy_first`` (copy schemas) what drafts the round, the copy drafter's match length
         where it starts and its first proposal's (share, entropy)."""
-        self._steps[:] = 0.0
-        self._recent[:] = 0.0
-        last = list(recent[-RECENT:])[::-1]
-        self._recent[: len(last)] = np.asarray(last, dtype=np.float32) / self.schema.max_depth
+        vector, k = self._vector, self.schema.max_depth
+        vector[3 : self._tail_at] = 0.0
+        for j, accepted in enumerate(list(recent[-RECENT:])[::-1]):
+            vector[self._recent_at + j] = _bounded(accepted / k)
         if self.schema.copy:
-            self._copy[:] = 0.0
-            self._copy[0], self._copy[1] = source == "copy", source == "copy+model"
-            self._copy[2] = copy_match / MATCH_SCALE
+            at = self._copy_at
+            vector[at : at + self.schema.copy_head + k] = 0.0
+            vector[at], vector[at + 1] = source == "copy", source == "copy+model"
+            vector[at + 2] = _bounded(copy_match / MATCH_SCALE)
             if self.schema.shows_copy_first:
-                self._copy[3], self._copy[4] = copy_first[0], copy_first[1] / NATS_SCALE
+                vector[at + 3], vector[at + 4] = _bounded(copy_first[0]), _bounded(copy_first[1] / NATS_SCALE)
 
     def add_step(self, depth: int, top1: float, entropy: float, cumulative_log_prob: float, match_length: int = 0, margin: float = 0.0) -> None:
         """Record the features of draft step ``depth`` (1-based)."""
-        i = self._width * (depth - 1)
-        self._steps[i] = top1
-        self._steps[i + 1] = entropy / NATS_SCALE
-        self._steps[i + 2] = max(-1.0, cumulative_log_prob / NATS_SCALE)
+        vector, i = self._vector, 3 + self._width * (depth - 1)
+        vector[i] = _bounded(top1)
+        vector[i + 1] = _bounded(entropy / NATS_SCALE)
+        vector[i + 2] = _bounded(max(-1.0, cumulative_log_prob / NATS_SCALE))
         if self.schema.shows_margins:
             if margin != margin:  # NaN: traces recorded before margins were (the environment refuses them first)
                 raise ValueError(f"draft step {depth} has no margin, which observation schema version {self.schema.version} shows")
-            self._steps[i + 3] = margin
+            vector[i + 3] = _bounded(margin)
         if self.schema.copy:
-            self._copy[self._head - 1 + depth] = match_length / MATCH_SCALE
+            vector[self._copy_at + self.schema.copy_head - 1 + depth] = _bounded(match_length / MATCH_SCALE)
 
     def build(self, depth: int, cap: int, context_length: int, generated: int = 0) -> np.ndarray:
-        """The observation vector now, clipped to [-BOUND, BOUND]."""
-        k = self.schema.max_depth
-        head = (depth / k, cap / k, context_length / CONTEXT_SCALE)
-        tail = (self.c, self.g[depth], self.g[depth + 1])
-        parts = [np.asarray(head, dtype=np.float32), self._steps, self._recent, np.asarray(tail, dtype=np.float32)]
+        """The observation vector now (a copy), every entry clipped to [-BOUND, BOUND]."""
+        vector, k = self._vector, self.schema.max_depth
+        vector[0], vector[1], vector[2] = _bounded(depth / k), _bounded(cap / k), _bounded(context_length / CONTEXT_SCALE)
+        vector[self._tail_at + 1], vector[self._tail_at + 2] = _bounded(self.g[depth]), _bounded(self.g[depth + 1])
         if self.schema.copy:
-            parts += [self._copy, np.asarray([generated / GENERATED_SCALE], dtype=np.float32)]
-        vector = np.concatenate(parts)
-        return np.clip(vector, -BOUND, BOUND, out=vector)
+            vector[-1] = _bounded(generated / GENERATED_SCALE)
+        return vector.copy()
+
+
+def _bounded(x: float) -> float:
+    """``x`` clipped to [-BOUND, BOUND]: every entry is clipped as it is written."""
+    return -BOUND if x < -BOUND else BOUND if x > BOUND else x

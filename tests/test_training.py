@@ -217,6 +217,25 @@ def test_the_decoder_policy_agrees_with_the_trained_network(trained):
             obs, _ = env.reset()
 
 
+def test_a_learned_policy_builds_each_round_incrementally_and_rebuilds_on_new_steps(trained):
+    """Within a round the policy adds only the new steps to its observation, yet every observation equals a
+    fresh policy's; steps replaced under the same round (features computed afterwards) rebuild the round."""
+    import numpy as np
+
+    from adaptive.policy import DraftState, DraftStep
+
+    def steps(top1: float, n: int) -> list[DraftStep]:
+        return [DraftStep(5, top1, 0.3 * i, -0.2, -0.2 * (i + 1), 0, top1 / 2) for i in range(n)]
+
+    policy = load_policy(trained)
+    first, second = steps(0.9, 4), steps(0.2, 4)
+    states = [DraftState(context, tuple(drafted[:depth]), 4, recent) for context, recent, drafted in ((30, (2, 3), first), (33, (2, 3, 2), second)) for depth in range(1, 5)]
+    states.append(DraftState(33, tuple(steps(0.6, 4)), 4, (2, 3, 2)))  # the last round's steps, features recomputed
+    for state in states:
+        np.testing.assert_array_equal(policy.observation(state), load_policy(trained).observation(state))
+        assert policy.should_continue(state) == load_policy(trained).should_continue(state)
+
+
 def profile_document(c: float = 0.1, copy_ms: float = 0.05) -> dict:
     """A cost-profile document like `adaptive profile` writes: target step 10 ms, +1 ms per extra verified token."""
     point = lambda ms: {"median_ms": ms, "p25_ms": ms, "p75_ms": ms}  # noqa: E731
