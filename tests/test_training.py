@@ -229,7 +229,8 @@ def test_a_learned_policy_builds_each_round_incrementally_and_rebuilds_on_new_st
 
     policy = load_policy(trained)
     first, second = steps(0.9, 4), steps(0.2, 4)
-    states = [DraftState(context, tuple(drafted[:depth]), 4, recent) for context, recent, drafted in ((30, (2, 3), first), (33, (2, 3, 2), second)) for depth in range(1, 5)]
+    rounds = ((30, (2, 3), first), (33, (2, 3, 2), second))
+    states = [DraftState(context, tuple(drafted[:depth]), 4, recent) for context, recent, drafted in rounds for depth in range(1, 5)]
     states.append(DraftState(33, tuple(steps(0.6, 4)), 4, (2, 3, 2)))  # the last round's steps, features recomputed
     for state in states:
         np.testing.assert_array_equal(policy.observation(state), load_policy(trained).observation(state))
