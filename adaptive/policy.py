@@ -144,11 +144,19 @@ class DraftPolicy(Protocol):
         """Feedback after each verified round."""
 
 
+RULE_DECISION_SECONDS = 0.0
+"""What a replayed round charges each decision of a rule that reads no per-step features: nothing (about 2 µs
+live, ``benchmarks/policy_overhead.py``'s ``static:1`` floor, well under 0.1 % of a round)."""
+
+
 class BasePolicy:
     """Convenient defaults: no state, verify everything drafted, ignore feedback."""
 
     name = "base"
     reads_step_features = True
+    decision_seconds: float | None = None
+    """Seconds a replayed round charges per decision of this policy; None: the replay's configured cost (a learned
+    policy's decision with the draft features it reads, ``env.decision_seconds``); rules declare their own."""
 
     def reset(self) -> None:
         """No per-generation state."""

@@ -7,8 +7,8 @@ first learned policy (a configuration naming a folder) against every other polic
 live and in replay. A policy that leads in replay and not live shows here whether acceptance (τ) or round
 cost makes the difference.
 
-Replay charges every policy the environment's cost per decision unless told otherwise (``--learned-decision-us``,
-``--baseline-decision-us``: what a learned policy's and a rule's decisions cost live, e.g. 160 and 2 here).
+Replay charges a rule's decisions nothing (as :func:`envs.env.replay_decision_seconds` does everywhere) and every
+other policy's ``--decision-us`` each (what a learned policy's decision and the draft features it reads cost live).
 
 Run: .venv/bin/python benchmarks/pair_replay.py benchmarks/results/pair_learned.json [--profile FILE] [--groups it+en,zh+es]
 """
@@ -40,11 +40,10 @@ def compare(
     profile: CostProfile,
     langs: tuple[str, ...],
     max_depth: int,
-    learned_decision: float = DEFAULT_DECISION_SECONDS,
-    baseline_decision: float = DEFAULT_DECISION_SECONDS,
+    decision_seconds: float = DEFAULT_DECISION_SECONDS,
 ) -> list[str]:
-    """The lines of one language group's comparison; replay charges a learned policy (a configuration naming a
-    folder) ``learned_decision`` seconds per decision and every other policy ``baseline_decision``."""
+    """The lines of one language group's comparison; replay charges ``decision_seconds`` per decision of every
+    policy that is not a rule (rules: nothing)."""
     index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
     keep = [i for i, row in enumerate(report[PLAIN]) if row["lang"] in langs]
     missing = [report[PLAIN][i]["id"] for i in keep if report[PLAIN][i]["id"] not in index]
@@ -63,7 +62,7 @@ def compare(
             lambda spec=name: make_policy(spec),
             [index[report[PLAIN][i]["id"]] for i in keep],
             traces.langs,
-            learned_decision if "/" in name else baseline_decision,
+            decision_seconds,
         )
         live[name] = [rows[i] for i in keep]
         replay[name] = [{"tokens": r.tokens, "seconds": r.seconds, "rounds": r.rounds} for r in records]
@@ -93,9 +92,8 @@ def main() -> None:
     parser.add_argument("--groups", default="all", help="language groups, e.g. it+en,zh+es (default: all four together)")
     parser.add_argument("--max-depth", type=int, default=8)
     default_us = DEFAULT_DECISION_SECONDS * 1e6
-    parser.add_argument("--learned-decision-us", type=float, default=default_us, help=f"replay's charge per learned decision (default {default_us:g})")
     parser.add_argument(
-        "--baseline-decision-us", type=float, default=default_us, help=f"replay's charge per decision of every other policy (default {default_us:g})"
+        "--decision-us", type=float, default=default_us, help=f"replay's charge per decision of a policy that is not a rule (default {default_us:g})"
     )
     args = parser.parse_args()
     document = json.loads(args.report.read_text())
@@ -106,12 +104,12 @@ def main() -> None:
         unknown = [lang for lang in group if lang not in LANGUAGES]
         if unknown:
             raise SystemExit(f"unknown language {unknown[0]!r} in --groups; languages: {', '.join(LANGUAGES)}")
-    if args.learned_decision_us < 0 or args.baseline_decision_us < 0:
-        raise SystemExit(f"decision charges must be >= 0 µs, got {args.learned_decision_us} and {args.baseline_decision_us}")
+    if args.decision_us < 0:
+        raise SystemExit(f"--decision-us must be >= 0, got {args.decision_us}")
     traces, profile = TraceSet.load(args.traces), CostProfile.load(args.profile)
     print(f"{args.report}: greedy rows replayed from {args.traces} under {args.profile} (measured {profile.document.get('measured_at', '?')})")
     for group in groups:
-        lines = compare(document["runs"]["greedy"], traces, profile, group, args.max_depth, args.learned_decision_us / 1e6, args.baseline_decision_us / 1e6)
+        lines = compare(document["runs"]["greedy"], traces, profile, group, args.max_depth, args.decision_us / 1e6)
         print("\n".join(lines))
 
 

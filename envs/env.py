@@ -31,8 +31,10 @@ step, so 1.0 means "as fast as the target alone" and 2.0 twice as fast. Depth de
 Learning to Draft: 0 for every "continue", the cycle's throughput at the step that ends the cycle. Each
 cycle is a complete measurement of one choice (how deep to go), so crediting it at the stop keeps the
 reward exactly the quantity we want and leaves credit assignment inside the round to the discount
-(PPO with γ close to 1). Policy seconds are ``decision_seconds`` per decision taken (a learned MLP's
-cost), not the agent's own Python time.
+(PPO with γ close to 1). Policy seconds are ``decision_seconds`` per decision the agent takes (a learned
+MLP's cost with the draft features it reads, measured in the decoder), not the agent's own Python time; a
+partner's decisions cost what :func:`replay_decision_seconds` says (a rule that reads no per-step features:
+nothing, as live).
 
 **Observation**: :mod:`adaptive.observation` (versioned, fixed size for a given ``max_depth``; the copy
 drafter's signals too on a backend with a copy drafter; :func:`observation_schema` picks the version).
@@ -58,6 +60,16 @@ from envs.backend import Backend, Cycle
 DECISIONS = ("depth", "size", "source")
 EPISODES = ("cycle", "generation")
 DEFAULT_DECISION_SECONDS = 1e-4
+
+
+def replay_decision_seconds(policy: DraftPolicy | None, configured: float) -> float:
+    """Seconds a replayed round charges per decision of ``policy``: its declared ``decision_seconds`` (a rule's:
+    :data:`~adaptive.policy.RULE_DECISION_SECONDS`), else ``configured`` (a learned policy's decision and the
+    draft features it reads at each step)."""
+    declared = getattr(policy, "decision_seconds", None)
+    return configured if declared is None else float(declared)
+
+
 """Cost charged per policy decision: a learned 64x64 MLP measured 104 µs per decision inside the decoder
 (benchmarks/policy_overhead.py), observation included."""
 
@@ -103,6 +115,8 @@ class SpecDecodeEnv(gym.Env):
         self.decision = decision
         self.partner = partner
         self.decision_seconds = decision_seconds
+        self.partner_decision_seconds = replay_decision_seconds(partner, decision_seconds)
+        """What each of the partner's decisions costs: a rule's own (nothing), else ``decision_seconds``."""
         self.episode = episode
         self._cycle_over = False
         if decision == "source" and len(backend.sources) == 1:
@@ -113,7 +127,7 @@ class SpecDecodeEnv(gym.Env):
         self.action_space = gym.spaces.Discrete({"depth": 2, "size": backend.max_size, "source": len(backend.sources)}[decision])
         self._steps: list[DraftStep] = []
         self._source = "model"
-        self._decisions = 0
+        self._policy_seconds = 0.0
         self._reward = 0.0
         self._info: dict[str, Any] = {"cycles": 0}
         self.episode_tokens = 0
@@ -154,7 +168,7 @@ class SpecDecodeEnv(gym.Env):
         if not 0 <= action < self.action_space.n:
             raise ValueError(f"action {action} is outside {self.action_space}")
         self._reward, self._info = 0.0, {"cycles": 0}
-        self._decisions += 1
+        self._policy_seconds += self.decision_seconds
         if self.decision == "depth":
             if action == 1:
                 self._draft()
@@ -214,7 +228,7 @@ class SpecDecodeEnv(gym.Env):
         backend = self.backend
         while not backend.done:
             self._steps = []
-            self._decisions = 0
+            self._policy_seconds = 0.0
             self._source = "model"
             self._builder.new_round(backend.recent, "model", backend.copy_match, backend.copy_first)
             if backend.cap == 0:  # one token left in the budget: a plain target step
@@ -253,7 +267,7 @@ class SpecDecodeEnv(gym.Env):
         """What the partner has draft the round (the model without a partner or a copy drafter)."""
         if len(self.backend.sources) == 1 or self.partner is None:
             return "model"
-        self._decisions += 1
+        self._policy_seconds += self.partner_decision_seconds
         return self.partner.source(self.draft_state())
 
     def _set_source(self, source: str) -> None:
@@ -265,7 +279,7 @@ class SpecDecodeEnv(gym.Env):
     def _partner_continues(self) -> bool:
         if self.partner is None:
             return True
-        self._decisions += 1
+        self._policy_seconds += self.partner_decision_seconds
         return bool(self.partner.should_continue(self.draft_state()))
 
     def _partner_size(self) -> int:
@@ -273,7 +287,7 @@ class SpecDecodeEnv(gym.Env):
         sizes_trees = getattr(self.partner, "sizes_trees", False)
         if self.partner is None or (self.backend.tree and not sizes_trees):
             return self.backend.default_size(depth)  # no partner, or a chain policy's sizes on a tree backend
-        self._decisions += 1
+        self._policy_seconds += self.partner_decision_seconds
         size = int(self.partner.verify_size(self.draft_state()))
         if self.backend.tree:
             return max(1, min(size, self.backend.verifiable(depth)))
@@ -284,7 +298,7 @@ class SpecDecodeEnv(gym.Env):
     def _finish_round(self, size: int) -> None:
         context_length = self.backend.context_length
         cycle = self.backend.verify(size)
-        policy_seconds = self._decisions * self.decision_seconds
+        policy_seconds = self._policy_seconds
         seconds = cycle.draft_seconds + cycle.verify_seconds + policy_seconds
         self._reward += throughput_speedup(cycle.emitted, seconds, self.backend.target_step_seconds)
         cycles = self._info["cycles"] + 1
@@ -306,7 +320,7 @@ class SpecDecodeEnv(gym.Env):
         }
         if self.partner is not None:
             self.partner.observe(_round_stats(cycle, policy_seconds, context_length))
-        self._decisions = 0
+        self._policy_seconds = 0.0
 
 
 def _round_stats(cycle: Cycle, policy_seconds: float, context_length: int) -> RoundStats:

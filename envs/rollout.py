@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from adaptive.policy import DraftPolicy
 from envs.backend import Backend, Cycle
-from envs.env import DEFAULT_DECISION_SECONDS, SpecDecodeEnv
+from envs.env import DEFAULT_DECISION_SECONDS, SpecDecodeEnv, replay_decision_seconds
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,11 @@ def run_policy(
     decision_seconds: float = DEFAULT_DECISION_SECONDS,
     seed: int | None = None,
 ) -> list[Episode]:
-    """Generate for each prompt index with ``policy`` deciding depth (and, as partner, verification size);
+    """Generate for each prompt index with ``policy`` deciding depth (and, as partner, verification size), each
+    decision charged :func:`~envs.env.replay_decision_seconds` (``decision_seconds`` unless the policy is a rule);
     ``seed`` draws each generation's randomness (sampled replay) from (seed, prompt) instead of the prompt alone."""
-    env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=decision_seconds, episode="generation")
+    charged = replay_decision_seconds(policy, decision_seconds)
+    env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=charged, episode="generation")
     episodes = []
     for prompt in prompts:
         env.reset(seed=seed, options={"prompt": prompt})

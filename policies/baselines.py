@@ -8,7 +8,7 @@ import math
 import random
 
 from adaptive.costmodel import GCurve, optimal_gamma, verification_cost
-from adaptive.policy import SOURCES, BasePolicy, DraftState, RoundStats
+from adaptive.policy import RULE_DECISION_SECONDS, SOURCES, BasePolicy, DraftState, RoundStats
 
 
 class StaticDepth(BasePolicy):
@@ -16,6 +16,7 @@ class StaticDepth(BasePolicy):
     copy drafter (:data:`~adaptive.policy.SOURCES`; a copy drafter may run out of proposals sooner)."""
 
     reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, gamma: int, source: str = "model") -> None:
         if gamma < 1:
@@ -36,6 +37,7 @@ class HeuristicSchedule(BasePolicy):
     """transformers' "heuristic" schedule: +2 after a fully accepted round, else -1 (never below 1)."""
 
     reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, initial: int = 5) -> None:
         if initial < 1:
@@ -125,6 +127,7 @@ class CostModelPolicy(BasePolicy):
     """
 
     reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(
         self,
@@ -186,6 +189,7 @@ class RandomDepth(BasePolicy):
     """Draft a uniformly random depth in 1..max_depth each round (the size policy's first partner)."""
 
     reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
     name = "random-depth"
 
     def __init__(self, max_depth: int, seed: int = 0) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from adaptive.policy import BasePolicy, DraftState
+from adaptive.policy import RULE_DECISION_SECONDS, BasePolicy, DraftState
 
 
 class KnowsMatchLength(Protocol):
@@ -21,6 +21,7 @@ class OraclePolicy(BasePolicy):
 
     name = "oracle"
     reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, backend: KnowsMatchLength) -> None:
         self.backend = backend
@@ -50,6 +51,7 @@ class SourceOracle(BasePolicy):
 
     name = "oracle (source and depth)"
     reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, backend: KnowsRounds) -> None:
         self.backend = backend

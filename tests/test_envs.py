@@ -111,6 +111,24 @@ def test_oracle_is_at_least_as_fast_as_every_static_depth(traces):
     assert all(c.accepted == c.drafted or c.drafted == 1 for e in oracle for c in e.cycles if c.drafted < DEPTH)
 
 
+def test_replay_charges_a_rule_nothing_per_decision_and_other_policies_the_configured_cost(traces):
+    """A static depth's decisions cost about 2 µs live, so replay charges them nothing whatever the configured
+    cost; a policy that reads the draft's features (here the confidence rule) pays the configured cost for every
+    decision: one per depth decision and one per size decision, so at least one per round."""
+    backend, cost = ReplayBackend(traces, flat_profile()), 1e-3
+
+    def extra_decisions(spec: str) -> tuple[float, int]:
+        charged = run_policy(backend, make_policy(spec), range(len(PROMPTS)), decision_seconds=cost)
+        free = run_policy(backend, make_policy(spec), range(len(PROMPTS)), decision_seconds=0.0)
+        rounds = sum(len(e.cycles) for e in free)
+        return (sum(e.seconds for e in charged) - sum(e.seconds for e in free)) / cost, rounds
+
+    static, _ = extra_decisions("static:3")
+    assert static == pytest.approx(0.0, abs=1e-6)
+    confidence, rounds = extra_decisions("confidence")
+    assert confidence == pytest.approx(round(confidence), abs=1e-6) and round(confidence) >= rounds
+
+
 def test_synthetic_env_with_constant_alpha_finds_the_cost_model_optimum():
     alpha, c = 0.8, 0.3  # S(2) = 1.525, S(3) = 1.554, S(4) = 1.527: the optimum leads by 1.8 %
     speeds = {}

@@ -255,9 +255,11 @@ def test_the_pair_replay_benchmark_sets_each_policy_s_replay_beside_its_live_row
         assert tau_live == tau_replay and "(live/replay 1.000)" in line and speedups[0] == pytest.approx(speedups[1], abs=1e-3), line
     with pytest.raises(ValueError, match="no trace"):
         compare({name: [{**r, "id": "elsewhere"} for r in rs] for name, rs in report.items()}, traces, profile, ("en",), 4)
-    free = compare(report, traces, profile, ("en",), 4, baseline_decision=0.0)  # rules' decisions charged nothing
+    charged = report | {"confidence": report["static:3"]}  # a rule reading the draft's features pays per decision
+    free, costly = (compare(charged, traces, profile, ("en",), 4, decision_seconds=cost) for cost in (0.0, 1e-3))
 
     def replay_speedup(line: str) -> float:
         return float(line.split(" replay ")[-1].rstrip("x"))
 
-    assert all(replay_speedup(a) > replay_speedup(b) for a, b in zip(free[1:], lines[1:]))
+    assert free[1:3] == costly[1:3] == lines[1:3]  # the static depths: charged nothing either way
+    assert replay_speedup(free[3]) > replay_speedup(costly[3])
