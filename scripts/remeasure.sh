@@ -190,7 +190,11 @@ benchmarks() {
   step replay-vs-live $PY benchmarks/replay_vs_live.py --per-language 2
   step replay-vs-live-t0.7 $PY benchmarks/replay_vs_live.py --traces data/traces/$PAIR-test-t0.7.npz --per-language 8 --repeats 4 \
     --out benchmarks/results/replay_vs_live_t0.7
-  step tree-replay-vs-live $PY benchmarks/tree_replay_vs_live.py --per-language 2
+  # a tree profile of the same hour: replay's modelled time against live is only as good as the profile's moment
+  step tree-replay-profile $A profile --pair $PAIR --dtype "$DTYPE" --tree-mask --max-verify 64 \
+    --out benchmarks/results/tree_replay_vs_live-profile.json
+  step tree-replay-vs-live $PY benchmarks/tree_replay_vs_live.py --per-language 2 --policy $KEEP/tree \
+    --profile benchmarks/results/tree_replay_vs_live-profile.json
   step greedy-identity $PY benchmarks/greedy_identity.py --dtype float32 --new-tokens 48 --policy static:4 --tree 4,4,8
 }
 
