@@ -173,6 +173,10 @@ speedup() {
   # texts differ far more than between runs, so prompts narrow the interval more than repeats do)
   step pair-learned $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 24 --task every --repeats 1 --temperatures 0 \
     --no-transformers --policies static:4,static:5,static:6,$KEEP/quickstart --out benchmarks/results/pair_learned
+  # the same with a policy trained on a profile of the day it is judged (kept by hand: see $KEEP/README.md)
+  step pair-learned-20261204 $PY benchmarks/pair_speedup.py --dtype "$DTYPE" --per-language 24 --task every --repeats 1 \
+    --temperatures 0 --no-transformers --policies static:4,static:5,static:6,$KEEP/quickstart,$KEEP/quickstart-20261204 \
+    --out benchmarks/results/pair_learned_20261204
 }
 
 benchmarks() {
