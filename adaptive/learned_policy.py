@@ -89,14 +89,10 @@ class LearnedPolicy(BasePolicy):
         step objects all round); any other state (a new round, recomputed features) rebuilds the round."""
         builder, seen = self._builder, self._round_steps
         steps = state.steps[: self.schema.max_depth]
-        same_round = (
-            self._round_key == (state.context_length, state.source, state.recent_accepted)
-            and len(seen) <= len(steps)
-            and all(a is b for a, b in zip(seen, steps))
-        )
-        if not same_round:
+        key = (state.context_length, state.source, state.recent_accepted)
+        if key != self._round_key or len(seen) > len(steps) or any(a is not b for a, b in zip(seen, steps)):
             builder.new_round(state.recent_accepted, state.source, state.copy_match, state.copy_first)
-            self._round_key, seen = (state.context_length, state.source, state.recent_accepted), ()
+            self._round_key, seen = key, ()
         for depth, step in enumerate(steps[len(seen) :], start=len(seen) + 1):
             builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length, step.margin)
         self._round_steps = steps
