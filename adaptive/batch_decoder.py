@@ -5,7 +5,8 @@ A round, for the requests in the batch: a :class:`~adaptive.policy.BatchPolicy` 
 of them (why one: on this hardware a padded forward costs what its widest row costs, so a shallower row
 saves nothing; vLLM and SmartSpec choose per batch too); each request drafts d tokens (d batched draft
 forwards; a request its draft cannot draft for yet — an EAGLE-3 head after a one-token prompt — drafts
-none), then one target forward verifies every request's drafted tokens; each request accepts with its own
+none; a :class:`~adaptive.policy.SteppedBatchPolicy` may stop the whole batch after any step, seeing each
+request's top-1 draft probabilities so far), then one target forward verifies every request's drafted tokens; each request accepts with its own
 rule — min(1, p/q) with the residual norm(max(p − q, 0)) on rejection, or arg-max agreement when greedy —
 with its own random generator, emits, and rolls its own rows of both caches back
 (:class:`~adaptive.batched_model.BatchedCachedModel`, or for an EAGLE-3 head
@@ -32,8 +33,8 @@ from adaptive.batched_head import batched_sessions
 from adaptive.eagle3 import Eagle3Head
 from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.pair import check_compatible
-from adaptive.policy import RECENT_ROUNDS, BatchPolicy, BatchState
-from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, in_vocabulary, sample, sampling_distribution, target_ids
+from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, SteppedBatchPolicy
+from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, in_vocabulary, sample, sampling_distribution, target_ids, top1_probabilities
 from adaptive.verification import BlockVerdict, CorrectionRule, residual_correction, verify_drafts
 
 
@@ -209,8 +210,10 @@ class BatchedSpeculativeDecoder:
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"batch policy {self.policy.name!r} chose depth {depth}; allowed: 0..{self.max_depth}")
         policy_time = clock() - t0
-        drafted, q_rows = self._draft(depth)
+        drafted, q_rows, step_policy_time = self._draft(depth, state)
+        policy_time += step_policy_time
         draft_time = clock() - t0 - policy_time
+        depth = max(map(len, drafted), default=0) or depth  # a stepped policy may have stopped the batch earlier
         t1 = clock()
         contexts = [len(r.tokens) for r in self.batch]
         logits = self.target.forward([r.tokens[self.target.lengths[b] :] + drafted[b] for b, r in enumerate(self.batch)])
@@ -245,16 +248,20 @@ class BatchedSpeculativeDecoder:
             self.batch += joining
         return self.clock() - t0
 
-    def _draft(self, depth: int) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
-        """``depth`` tokens per request the draft can draft for (none for the others), all requests in one
-        draft forward per step; with sampling also the draft distributions q they were drawn from."""
+    def _draft(self, depth: int, state: BatchState) -> tuple[list[list[int]], list[list[torch.Tensor]], float]:
+        """Up to ``depth`` tokens per request the draft can draft for (none for the others), all requests in one
+        draft forward per step, fewer when a stepped policy stops the batch; with sampling also the draft
+        distributions q they were drawn from; and the seconds the policy's per-step decisions took."""
         drafted: list[list[int]] = [[] for _ in self.batch]
         q_rows: list[list[torch.Tensor]] = [[] for _ in self.batch] if not self.sampling.is_greedy else []
         drafting = [b for b, r in enumerate(self.batch) if self.draft.can_draft(len(r.tokens))]
         if depth == 0 or not drafting:
-            return drafted, q_rows
+            return drafted, q_rows, 0.0
+        stepped = isinstance(self.policy, SteppedBatchPolicy)
+        top1: list[list[float]] = [[] for _ in self.batch]
+        policy_time = 0.0
         feeds = [r.tokens[self.draft.lengths[b] :] if b in drafting else [] for b, r in enumerate(self.batch)]
-        for _ in range(depth):
+        for k in range(depth):
             outputs = self.draft.forward(feeds)
             rows = torch.stack([outputs[b][-1] for b in drafting])
             if self.sampling.is_greedy:
@@ -270,7 +277,15 @@ class BatchedSpeculativeDecoder:
             for b, token in zip(drafting, tokens):
                 drafted[b].append(token)
                 feeds[b] = [token]
-        return drafted, q_rows
+            if stepped and k + 1 < depth:
+                t0 = self.clock()
+                for b, p in zip(drafting, top1_probabilities(rows, self.draft.vocabulary)):
+                    top1[b].append(p)
+                go_on = self.policy.should_continue(state, BatchDraftStep(k + 1, tuple(map(tuple, top1))))
+                policy_time += self.clock() - t0
+                if not go_on:
+                    break
+        return drafted, q_rows, policy_time
 
     def _verify(self, request: Request, target_logits: torch.Tensor, drafted: list[int], q_rows: list[torch.Tensor] | None) -> BlockVerdict:
         """Verify one request's drafted tokens against its ``len(drafted) + 1`` target rows, with its own

@@ -1,6 +1,8 @@
-"""A learned batch policy: one MLP from the batch observation (:mod:`adaptive.batch_observation`) to the
-round's depth, saved as ``policy.safetensors`` + ``policy.json`` (format ``adaptive-draft/batch-policy/1``,
-with its observation schema and the batched cost profile it reads costs from). Loading never unpickles."""
+"""A learned batch policy: one MLP from the batch observation (:mod:`adaptive.batch_observation`) to a
+decision — with observation version 1 the round's depth, with version 2 before each draft step whether the
+batch drafts another token — saved as ``policy.safetensors`` + ``policy.json`` (format
+``adaptive-draft/batch-policy/1``, with its observation schema and the batched cost profile it reads costs
+from). Loading never unpickles."""
 
 from __future__ import annotations
 
@@ -14,26 +16,44 @@ from safetensors.torch import load_file, save_file
 from adaptive.batch_observation import BatchObservationSchema
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.learned_policy import mlp, numpy_forward, numpy_layers
-from adaptive.policy import BatchState
+from adaptive.policy import BatchDraftStep, BatchState
 
 FORMAT = "adaptive-draft/batch-policy/1"
 WEIGHTS, SIDECAR = "policy.safetensors", "policy.json"
 
 
+DEPTH_ACTIONS = "depth = action (0: plain batched step)"
+STEP_ACTIONS = "before each draft step: 1 = every drafting request drafts one more token, 0 = verify now"
+
+
 class LearnedBatchPolicy:
-    """Depth = arg-max of the MLP's logits over 0..max_depth (applied with NumPy: microseconds per round)."""
+    """Per round (observation version 1): depth = arg-max of the MLP's logits over 0..max_depth. Applied with
+    NumPy: microseconds per decision."""
 
     def __init__(self, net: torch.nn.Sequential, metadata: dict) -> None:
         self.net = net.eval()
         self.metadata = metadata
-        self.schema = BatchObservationSchema(metadata["schema"]["max_depth"])
-        self.schema.check(metadata["schema"])
+        self.schema = BatchObservationSchema.described(metadata["schema"])
         self.profile = BatchCostProfile.from_dict(metadata["profile"], "the policy's batched cost profile")
         self.layers = numpy_layers(self.net)
         self.name = metadata.get("name", "learned-batch")
 
+    def _decide(self, state: BatchState, step: BatchDraftStep | None = None) -> int:
+        return int(numpy_forward(self.layers, self.schema.observe(state, self.profile, step)).argmax())
+
     def depth(self, state: BatchState) -> int:
-        return min(int(numpy_forward(self.layers, self.schema.observe(state, self.profile)).argmax()), state.max_depth)
+        return min(self._decide(state), self.schema.max_depth, state.max_depth)
+
+
+class LearnedSteppedBatchPolicy(LearnedBatchPolicy):
+    """Per step (observation version 2, a :class:`~adaptive.policy.SteppedBatchPolicy`): before each draft
+    step, the batch drafts one more token while the MLP's arg-max says 1, up to max_depth."""
+
+    def depth(self, state: BatchState) -> int:
+        return min(self.schema.max_depth, state.max_depth) if self._decide(state) else 0
+
+    def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
+        return bool(self._decide(state, step))
 
 
 def save_batch_policy(
@@ -46,7 +66,7 @@ def save_batch_policy(
     sidecar = {
         "format": FORMAT,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "actions": "depth = action (0: plain batched step)",
+        "actions": STEP_ACTIONS if schema.stepwise else DEPTH_ACTIONS,
         "schema": schema.describe(),
         "layers": layers,
         "profile": profile.document,
@@ -73,4 +93,5 @@ def load_batch_policy(path: str | Path) -> LearnedBatchPolicy:
     metadata = json.loads(sidecar.read_text())
     net = mlp(metadata["layers"])
     net.load_state_dict(load_file(sidecar.parent / WEIGHTS))
-    return LearnedBatchPolicy(net, metadata)
+    stepwise = BatchObservationSchema.described(metadata["schema"]).stepwise
+    return (LearnedSteppedBatchPolicy if stepwise else LearnedBatchPolicy)(net, metadata)

@@ -200,3 +200,30 @@ class BatchPolicy(Protocol):
 
     def depth(self, state: BatchState) -> int:
         """Tokens each request drafts this round (0..state.max_depth)."""
+
+
+@dataclass(frozen=True)
+class BatchDraftStep:
+    """What a batched round's draft has shown so far, after one or more draft steps."""
+
+    drafted: int
+    """Tokens each drafting request has drafted this round."""
+    top1: tuple[tuple[float, ...], ...]
+    """Per request in the batch: the draft's top-1 probability at each of its steps this round (from its
+    untempered softmax, as :func:`~adaptive.sampling.draft_features` computes it); empty for a request its
+    draft cannot draft for yet."""
+
+
+@runtime_checkable
+class SteppedBatchPolicy(BatchPolicy, Protocol):
+    """A batch policy that also decides, after each draft step, whether the whole batch drafts another token:
+    :meth:`depth` bounds the round, :meth:`should_continue` may stop it earlier."""
+
+    def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
+        """Whether every drafting request drafts one more token (below the round's bound)."""
+
+
+def continues(policy: BatchPolicy, state: BatchState, step: BatchDraftStep) -> bool:
+    """``policy``'s answer after a draft step: a :class:`SteppedBatchPolicy`'s, otherwise always yes (a policy
+    that only picks depths drafts to the depth it picked)."""
+    return policy.should_continue(state, step) if isinstance(policy, SteppedBatchPolicy) else True

@@ -167,6 +167,13 @@ def target_ids(columns: torch.Tensor, vocabulary: torch.Tensor | None) -> torch.
     return columns if vocabulary is None else vocabulary[columns]
 
 
+def top1_probabilities(logits: torch.Tensor, vocabulary: torch.Tensor | None = None) -> list[float]:
+    """Per row of ``[n, V]`` draft logits, the top-1 probability of the draft's untempered softmax — the
+    ``top1`` of :func:`draft_features`, alone (``vocabulary`` as there)."""
+    scored = in_vocabulary(logits, vocabulary).float()
+    return torch.log_softmax(scored, dim=-1).amax(dim=-1).exp().tolist()
+
+
 def draft_features(
     logits: torch.Tensor, tokens: torch.Tensor | None = None, vocabulary: torch.Tensor | None = None
 ) -> list[tuple[int, float, float, float, float]]:

@@ -3,8 +3,10 @@
 Reads the ``result.json`` of load tests run with the same requests and settings (e.g. a first run and more repeats
 at some loads), pools each policy's runs per load (``lab.loadtest.summary`` over all their requests and wall time:
 goodput and throughput, ITL p95 over all inter-token gaps) and prints, per load, each policy's goodput, ITL p95 and
-per-request speed over the reference policy with a 95 % paired bootstrap interval over requests. Loads that only
-some files measured are pooled over those files.
+per-request speed over the reference policy with a 95 % paired bootstrap interval over requests, and its goodput
+and ITL p95 over the reference's run by run (each repeat beside the reference's run of the same repeat, which
+ran next to it: the geometric mean of those ratios with a 95 % bootstrap interval over the pairs of runs).
+Loads that only some files measured are pooled over those files.
 
 Run: .venv/bin/python benchmarks/pool_loadtests.py benchmarks/results/loadtests/learned/result.json \\
     benchmarks/results/loadtests/learned-c4c8/result.json --versus "schedule:1-1=4,2-3=3,4-7=3,8-16=2"
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+import numpy as np
 
 from lab.evaluation import paired_ratio
 from lab.loadtest import summary
@@ -39,6 +43,22 @@ def pool(results: list[dict]) -> dict[str, dict[str, dict[int, list[dict]]]]:
     return pooled
 
 
+def run_ratios(mine: list[dict], base: list[dict], slo_tpot_ms: float, resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """Goodput and ITL p95 of each run of ``mine`` over those of the run of ``base`` at the same position (the
+    same repeat): per metric (geometric mean, low, high), the interval a 95 % bootstrap over the pairs."""
+    pairs = [(summary(a["rows"], a["wall"], slo_tpot_ms), summary(b["rows"], b["wall"], slo_tpot_ms)) for a, b in zip(mine, base)]
+    logs = {
+        "goodput": np.log([a["goodput"] / b["goodput"] for a, b in pairs]),
+        "itl_p95": np.log([a["itl_ms"]["p95"] / b["itl_ms"]["p95"] for a, b in pairs]),
+    }
+    picks = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
+    out = {}
+    for metric, values in logs.items():
+        low, high = np.exp(np.percentile(values[picks].mean(axis=1), [2.5, 97.5]))
+        out[metric] = (float(np.exp(values.mean())), float(low), float(high))
+    return out
+
+
 def compare(pooled: dict[str, dict[str, dict[int, list[dict]]]], versus: str, slo_tpot_ms: float) -> list[str]:
     """Per load, a line per policy: runs, throughput, goodput (tok/s of requests whose TPOT is within
     ``slo_tpot_ms``), ITL p95, and the per-request speed over ``versus`` [95 %], paired within each file's runs."""
@@ -60,6 +80,12 @@ def compare(pooled: dict[str, dict[str, dict[int, list[dict]]]], versus: str, sl
                 base = [row for index in shared for run in policies[versus][index] for row in run["rows"]]
                 ratio, low, high = paired_ratio([(r["tokens"], r["seconds"]) for r in mine], [(r["tokens"], r["seconds"]) for r in base])
                 line += f"; per request / {versus} {ratio:.3f} [{low:.3f}, {high:.3f}]"
+                ours = [run for index in shared for run in by_file[index]]
+                theirs = [run for index in shared for run in policies[versus][index]]
+                ratios = run_ratios(ours, theirs, slo_tpot_ms)
+                line += "; run by run ({} pairs) goodput {:.3f} [{:.3f}, {:.3f}], ITL p95 {:.3f} [{:.3f}, {:.3f}]".format(
+                    min(len(ours), len(theirs)), *ratios["goodput"], *ratios["itl_p95"]
+                )
             lines.append(line)
     return lines
 

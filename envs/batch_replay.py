@@ -18,8 +18,19 @@ target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound.
 With a ``cap`` (a batch policy, e.g. a per-batch-size schedule), an action deeper than the cap's depth runs at
 the cap's depth: a policy trained so never drafts deeper than the cap and learns where to draft less.
 For judging, :meth:`BatchReplayEnv.oracle_depth` is the replay-only myopic oracle (each round's best depth,
-knowing every request's match length). Observation: :mod:`adaptive.batch_observation`. Episodes last ``rounds`` rounds (truncated; the load and the
-requests carry on across resets only through the random generator).
+knowing every request's match length), and :meth:`BatchReplayEnv.policy_depth` plays any batch policy's
+round, a stepped one's per-step answers included. Observation: :mod:`adaptive.batch_observation`. Episodes
+last ``rounds`` rounds (truncated; the load and the requests carry on across resets only through the random
+generator).
+
+**Per step** (``stepwise=True``, observation version 2): the agent is asked before each draft step whether
+the batch drafts one more token (``Discrete(2)``: 1 = draft, 0 = verify now), seeing the draft's top-1
+probabilities of the round's steps so far — recorded in the traces along the draft's own greedy
+continuation, as the live decoder computes them. A round that reaches the depth bound (``max_depth``, or the
+cap's depth) is verified without asking. Rewards as in Learning to Draft: 0 for every "draft", the round's
+reward when it is verified, and the round ends the episode (the clients, their requests and the load carry
+on into the next one), so an episode's return is exactly its round's throughput over plain's — the
+objective per round of the per-round mode, with nothing lost to discounting inside the round.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import numpy as np
 
 from adaptive.batch_observation import BatchObservationSchema
 from adaptive.batch_profile import BatchCostProfile
-from adaptive.policy import RECENT_ROUNDS, BatchPolicy, BatchState
+from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, SteppedBatchPolicy
 from adaptive.traces import TraceSet
 
 
@@ -58,6 +69,7 @@ class BatchReplayEnv(gym.Env):
         rounds: int = 256,
         slo_tpot_ms: float | None = None,
         cap: BatchPolicy | None = None,
+        stepwise: bool = False,
     ) -> None:
         if traces.sampled:
             raise ValueError("batched replay needs greedy traces (match lengths); these are sampled")
@@ -71,22 +83,28 @@ class BatchReplayEnv(gym.Env):
             raise ValueError(f"slo_tpot_ms must be a positive number of milliseconds (or None: throughput), got {slo_tpot_ms}")
         self.slo_tpot_ms, self.cap = slo_tpot_ms, cap
         self.traces, self.profile, self.loads, self.switch_prob = traces, profile, tuple(loads), switch_prob
-        self.max_depth, self.rounds = max_depth, rounds
-        self.schema = BatchObservationSchema(max_depth)
+        self.max_depth, self.rounds, self.stepwise = max_depth, rounds, stepwise
+        self.schema = BatchObservationSchema(max_depth, 2 if stepwise else 1)
         self.observation_space = gym.spaces.Box(-10.0, 10.0, (self.schema.size,), np.float32)
-        self.action_space = gym.spaces.Discrete(max_depth + 1)
+        self.action_space = gym.spaces.Discrete(2 if stepwise else max_depth + 1)
         self._match = traces.match.tolist()
+        self._top1 = traces.features[..., 0].astype(np.float64)
+        self._drafted = 0
+        """Per step: tokens drafted in the round under way."""
         self._offsets = traces.offsets.tolist()
         self.concurrency = loads[0]
         self.batch: list[_Request] = []
         self._round = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        fresh = seed is not None or options is not None or not self.stepwise or not self.batch
         super().reset(seed=seed)
-        self.concurrency = int(self.np_random.choice(self.loads)) if options is None or "load" not in options else int(options["load"])
-        self.batch = []
-        self._fill()
-        self._round = 0
+        self._drafted = 0
+        if fresh:  # per step, an episode is one round: the clients carry on unless told otherwise
+            self.concurrency = int(self.np_random.choice(self.loads)) if options is None or "load" not in options else int(options["load"])
+            self.batch = []
+            self._fill()
+            self._round = 0
         return self._observation(), {"batch": len(self.batch)}
 
     def state(self) -> BatchState:
@@ -99,6 +117,21 @@ class BatchReplayEnv(gym.Env):
             tuple(tuple(r.drafted[-RECENT_ROUNDS:]) for r in self.batch),
         )
 
+    def draft_step(self, drafted: int) -> BatchDraftStep:
+        """What the round's draft shows after ``drafted`` steps: each request's recorded top-1 probabilities."""
+        return BatchDraftStep(drafted, tuple(tuple(self._top1[self._offsets[r.prompt] + r.t, :drafted].tolist()) for r in self.batch))
+
+    def policy_depth(self, policy: BatchPolicy) -> int:
+        """The depth ``policy`` plays this round: its :meth:`~adaptive.policy.BatchPolicy.depth`, cut where a
+        stepped policy stops after a draft step, as the live decoder asks it."""
+        state = self.state()
+        depth = policy.depth(state)
+        if isinstance(policy, SteppedBatchPolicy):
+            for drafted in range(1, depth):
+                if not policy.should_continue(state, self.draft_step(drafted)):
+                    return drafted
+        return depth
+
     def oracle_depth(self, cap: int) -> int:
         """Replay only, the myopic oracle: of depths 0..``cap``, the one whose round emits the most tokens per
         second (counted as the reward counts them), knowing every request's match length (ties: the shallower)."""
@@ -110,11 +143,30 @@ class BatchReplayEnv(gym.Env):
         return max(range(min(cap, self.max_depth) + 1), key=lambda depth: (rate(depth), -depth))
 
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.stepwise:
+            return self._decide_step(int(action))
         depth = int(action)
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
         if self.cap is not None:
             depth = min(depth, self.cap.depth(self.state()))
+        return self._play(depth)
+
+    def _decide_step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Per step: draft one more token (1) or verify now (0); the round is played once verified."""
+        if action not in (0, 1):
+            raise ValueError(f"a per-step action is 0 (verify now) or 1 (draft one more token), got {action}")
+        bound = self.max_depth if self.cap is None else min(self.max_depth, self.cap.depth(self.state()))
+        if action == 1 and self._drafted < bound:
+            self._drafted += 1
+            if self._drafted < bound:
+                return self._observation(), 0.0, False, False, {"batch": len(self.batch), "drafted": self._drafted}
+        observation, reward, _, truncated, info = self._play(min(self._drafted, bound))
+        self._drafted = 0
+        return observation, reward, True, truncated, info
+
+    def _play(self, depth: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """One round of ``depth`` drafted tokens for the whole batch."""
         size = len(self.batch)
         round_ms = self.profile.round_ms(size, depth)
         seconds, plain = round_ms / 1e3, self.profile.round_ms(size, 0) / 1e3
@@ -169,4 +221,5 @@ class BatchReplayEnv(gym.Env):
             self.batch.append(_Request(int(self.np_random.integers(len(self.traces)))))
 
     def _observation(self) -> np.ndarray:
-        return np.clip(self.schema.observe(self.state(), self.profile), -10.0, 10.0)
+        step = self.draft_step(self._drafted) if self.stepwise and self._drafted else None
+        return np.clip(self.schema.observe(self.state(), self.profile, step), -10.0, 10.0)

@@ -81,7 +81,7 @@ def replay_load(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int
     emitted = counted = seconds = plain = 0.0
     gaps: list[float] = []
     for _ in range(rounds):
-        _, _, _, _, info = env.step(policy.depth(env.state()))
+        _, _, _, _, info = env.step(env.policy_depth(policy))
         emitted += info["emitted"]
         counted += info["counted"]
         seconds += info["seconds"]
@@ -122,16 +122,18 @@ def train_batch_policy(
     metadata: dict | None = None,
     slo_tpot_ms: float | None = None,
     cap_at_schedule: bool = False,
+    stepwise: bool = False,
 ) -> tuple[BatchPolicy, dict]:
     """PPO on :class:`BatchReplayEnv` (reward: throughput, or goodput under ``slo_tpot_ms``); saves the policy
     in ``out`` and its replay judgement in ``out/evaluation.json``; returns both. The static depths are judged
     first; with ``cap_at_schedule`` PPO trains inside their per-batch-size schedule (the environment's cap),
-    and the policy is saved with that cap, which :func:`~policies.batch.make_batch_policy` applies on loading."""
+    and the policy is saved with that cap, which :func:`~policies.batch.make_batch_policy` applies on loading.
+    ``stepwise``: the policy decides before each draft step (the environment's per-step mode)."""
     judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms)
     evaluation = judge(judged_env, {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}, loads)
     schedule = best_static_schedule(evaluation, profile.batch_sizes[-1])
     cap = schedule if cap_at_schedule else None
-    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms, cap=cap)
+    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms, cap=cap, stepwise=stepwise)
     env.reset(seed=seed)
     model = new_ppo(ppo, env, seed)
     model.learn(ppo.timesteps, callback=_Bar(ppo.timesteps))
@@ -143,6 +145,7 @@ def train_batch_policy(
         "timesteps": ppo.timesteps,
         "seed": seed,
         "slo_tpot_ms": slo_tpot_ms,
+        "stepwise": stepwise,
         **({"cap": schedule.spec} if cap else {}),
         **(metadata or {}),
     }
@@ -181,6 +184,7 @@ def train_best_of_seeds(
     metadata: dict | None = None,
     slo_tpot_ms: float | None = None,
     cap_at_schedule: bool = False,
+    stepwise: bool = False,
 ) -> tuple[BatchPolicy, int, dict[int, dict]]:
     """One PPO run per seed (each kept in ``out/seed-N``); the run whose worst load comes closest to the best
     static depth in replay (:func:`worst_load_ratio`) is copied to ``out``, named after it. PPO on this
@@ -203,6 +207,7 @@ def train_best_of_seeds(
             {"name": f"learned-batch:{out.name}", **(metadata or {})},
             slo_tpot_ms,
             cap_at_schedule,
+            stepwise,
         )
     chosen = max(seeds, key=lambda seed: worst_load_ratio(judged[seed]))
     for path in (out / f"seed-{chosen}").iterdir():

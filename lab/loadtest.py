@@ -80,16 +80,16 @@ def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tupl
 
 def run_load(
     decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
-) -> tuple[list[RequestResult], float, list[tuple[int, int]]]:
+) -> tuple[list[RequestResult], float, list[tuple[int, int, float]]]:
     """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load``; returns the finished
     requests in submission order, the run's wall seconds (first submission to last token) and each round's
-    batch size and depth."""
+    batch size, depth and policy seconds (its decisions, per round and per draft step)."""
     clock, start = decoder.clock, decoder.clock()
     arrivals = None
     if load.rate is not None:
         arrivals = list(start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
     submitted: list[int] = []
-    rounds: list[tuple[int, int]] = []
+    rounds: list[tuple[int, int, float]] = []
 
     def submit(index: int, at: float | None = None) -> None:
         submitted.append(decoder.submit(prompts[index], max_new_tokens, seed=seed + index, at=at))
@@ -110,7 +110,7 @@ def run_load(
             break
         round_ = decoder.step()
         if round_ is not None:
-            rounds.append((len(round_.requests), round_.depth))
+            rounds.append((len(round_.requests), round_.depth, round_.policy_time))
     results = [decoder.finished.pop(i) for i in submitted]
     return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start, rounds
 
@@ -235,10 +235,11 @@ def divergences(target, prompts: list[list[int]], runs: list[dict], baseline: li
     return {"count": len(found), "near_ties": sum(d["near_tie"] for d in found), "each": found}
 
 
-def depths_by_batch(rounds: list[tuple[int, int]]) -> dict[str, dict[str, int]]:
-    """Rounds per depth at each batch size (JSON keys): what a policy chose under this load."""
+def depths_by_batch(rounds: list[tuple]) -> dict[str, dict[str, int]]:
+    """Rounds per depth at each batch size (JSON keys): what a policy chose under this load (each round
+    (batch size, depth, ...))."""
     counts: dict[str, dict[str, int]] = {}
-    for batch, depth in sorted(rounds):
+    for batch, depth, *_ in sorted(rounds):
         per_depth = counts.setdefault(str(batch), {})
         per_depth[str(depth)] = per_depth.get(str(depth), 0) + 1
     return counts
@@ -253,7 +254,11 @@ def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: floa
         wall = sum(run["wall"] for run in repeats)
         per_lang = {lang: summary([r for r in rows if r["lang"] == lang], wall, slo_tpot_ms) for lang in LANGUAGES if any(r["lang"] == lang for r in rows)}
         entry = {"all": summary(rows, wall, slo_tpot_ms), **per_lang, "peak_mib": max((run["peak_mib"] or 0.0) for run in repeats)}
-        entry["depths"] = depths_by_batch([tuple(r) for run in repeats for r in run.get("rounds", [])])
+        rounds = [tuple(r) for run in repeats for r in run.get("rounds", [])]
+        entry["depths"] = depths_by_batch(rounds)
+        timed = [r[2] for r in rounds if len(r) > 2]  # policy seconds per round (load tests since they were kept)
+        entry["policy_us_per_round"] = float(np.mean(timed) * 1e6) if timed else None
+        entry["policy_share"] = sum(timed) / wall if timed and wall > 0 else None
         result[name] = entry
     for name, repeats in runs.items():
         rows = [row for run in repeats for row in run["rows"]]

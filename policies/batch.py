@@ -9,6 +9,8 @@
   maximising the batch's expected tokens per second of the round.
 * :class:`SpeculationOff` (``off-above:N:SPEC``): SPEC while at most N requests decode or wait, plain above.
 * :class:`CappedBySchedule` (``capped:1-2=4,3-8=2:SPEC``): SPEC's depth, never deeper than the schedule's.
+
+The two wrappers pass a stepped policy's per-step answers on (:class:`~adaptive.policy.SteppedBatchPolicy`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from adaptive.batch_observation import PRIOR_ALPHA, acceptance_estimate
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.costmodel import expected_tokens
 from adaptive.learned_batch_policy import is_batch_policy, load_batch_policy
-from adaptive.policy import BatchPolicy, BatchState
+from adaptive.policy import BatchDraftStep, BatchPolicy, BatchState, continues
 
 
 class FixedBatchDepth:
@@ -111,6 +113,9 @@ class SpeculationOff:
     def depth(self, state: BatchState) -> int:
         return 0 if state.batch_size + state.waiting > self.limit else self.inner.depth(state)
 
+    def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
+        return continues(self.inner, state, step)
+
 
 class CappedBySchedule:
     """``inner``'s depth, never deeper than ``cap``'s at the batch size: a learned policy kept within the
@@ -123,6 +128,9 @@ class CappedBySchedule:
 
     def depth(self, state: BatchState) -> int:
         return min(self.inner.depth(state), self.cap.depth(state))
+
+    def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
+        return continues(self.inner, state, step)
 
 
 BATCH_POLICY_HELP = (

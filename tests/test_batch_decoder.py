@@ -17,7 +17,7 @@ from adaptive.batched_model import BatchedCachedModel
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession, target_taps
-from adaptive.policy import BatchState
+from adaptive.policy import BatchDraftStep, BatchState
 from adaptive.profiling import profile_batches
 from adaptive.sampling import SamplingConfig
 from adaptive.verification import naive_correction, residual_correction
@@ -138,26 +138,75 @@ def test_every_request_of_a_changing_batch_is_greedy_identical(spec, draft_name,
     assert decoder.idle and decoder.target.rows == decoder.draft.rows == 0
 
 
+class StopWhenUnsure:
+    """A stepped batch policy for tests: rounds up to ``bound`` tokens, stopped after a step where the most
+    confident drafting request's top-1 probability fell below ``threshold``; it keeps what it was shown."""
+
+    def __init__(self, bound: int, threshold: float) -> None:
+        self.bound, self.threshold, self.name = bound, threshold, f"stop-below:{threshold}"
+        self.shown: list[BatchDraftStep] = []
+
+    def depth(self, state: BatchState) -> int:
+        return min(self.bound, state.max_depth)
+
+    def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
+        self.shown.append(step)
+        return max(top1[-1] for top1 in step.top1 if top1) >= self.threshold
+
+
+@pytest.mark.parametrize("draft_name, threshold", [("near_draft", 0.2), ("far_draft", 0.2), ("eagle_head", 0.9)])
+def test_a_stepped_policy_stops_the_whole_batch_after_any_step_and_every_request_stays_greedy_identical(draft_name, threshold, target, request):
+    """Asked after every draft step below its bound, with each request's top-1 probabilities so far: its
+    "stop" verifies the batch there (rounds end both early and at the bound), and every request still equals
+    plain greedy decoding of its prompt alone (thresholds: where each tiny draft's confidences split)."""
+    policy = StopWhenUnsure(bound=5, threshold=threshold)
+    decoder = BatchedSpeculativeDecoder(target, request.getfixturevalue(draft_name), policy, max_depth=6, max_batch=3)
+    depths = []
+    for prompt in PROMPTS:
+        decoder.submit(prompt, 30)
+    while not decoder.idle:
+        round_ = decoder.step()
+        depths.append(round_.depth)
+        drafted = {len(top1) for step in policy.shown[-1:] for top1 in step.top1 if top1}
+        assert round_.depth == 5 or drafted == {round_.depth}  # stopped right after the step it was shown
+    results = [decoder.finished[i] for i in range(len(PROMPTS))]
+    for prompt, result in zip(PROMPTS, results):
+        assert result.token_ids == generate_plain(target, prompt, 30).token_ids
+        assert all(d <= 5 for d in result.drafted)
+    assert 5 in depths and any(0 < d < 5 for d in depths), depths
+    for step in policy.shown:
+        assert all(len(top1) in (0, step.drafted) and all(0.0 < p <= 1.0 for p in top1) for top1 in step.top1)
+
+
 N_SAMPLES = 20_000
 EXACTNESS_PROMPTS = ([3], [5, 9])
 
 
 @pytest.mark.parametrize(
-    "correction, draft_name",
-    [(residual_correction, "far_draft"), (naive_correction, "far_draft"), (residual_correction, "eagle_head")],
-    ids=["residual", "naive", "residual-head"],
+    "correction, draft_name, stepped",
+    [
+        (residual_correction, "far_draft", False),
+        (naive_correction, "far_draft", False),
+        (residual_correction, "eagle_head", False),
+        (residual_correction, "far_draft", True),
+    ],
+    ids=["residual", "naive", "residual-head", "residual-stepped"],
 )
-def test_each_request_of_a_batch_samples_the_target_distribution(target, correction, draft_name, request):
+def test_each_request_of_a_batch_samples_the_target_distribution(target, correction, draft_name, stepped, request):
     """40,000 requests, two prompts taking turns in batches of 64, T = 1, top-k 12, static:2: each prompt's
     first two tokens follow the target's enumerated distribution within 5σ per outcome and on Pearson's
     statistic (tolerance derived from n as in test_decoder_exactness); the naive "resample from p" rule in
     the same decoder is detected. With an EAGLE-3 head too (the one-token prompt's second token is drafted
-    from the target's state of the first)."""
+    from the target's state of the first), and with a stepped policy that stops the batch after its first
+    step when the draft is unsure (the stop reads only the draft's own distributions)."""
     sampling = SamplingConfig(1.0, top_k=12)
     draft = request.getfixturevalue(draft_name)
-    decoder = BatchedSpeculativeDecoder(target, draft, FixedBatchDepth(2), sampling, max_depth=2, max_batch=64, correction=correction)
+    policy = StopWhenUnsure(bound=2, threshold=0.2) if stepped else FixedBatchDepth(2)
+    decoder = BatchedSpeculativeDecoder(target, draft, policy, sampling, max_depth=2, max_batch=64, correction=correction)
     prompts = [p for _ in range(N_SAMPLES) for p in EXACTNESS_PROMPTS]
     results = decoder.generate(prompts, max_new_tokens=2, seeds=range(len(prompts)))
+    if stepped:  # the stop was used: some requests drafted one token, others two
+        assert {r.drafted[0] for r in results} == {1, 2}
     for k, prompt in enumerate(EXACTNESS_PROMPTS):
         counts = torch.zeros(16, 16, dtype=torch.float64)
         for result in results[k :: len(EXACTNESS_PROMPTS)]:
@@ -304,6 +353,8 @@ def test_a_load_test_waits_between_runs_while_the_pause_file_exists(target, near
     result = load_test(ModelPair(target, near_draft, None, "tiny"), policies, settings, SamplingConfig(), [("en", [1, 4, 6]), ("it", [9, 2])])
     assert log == ["plain", "paused", "waiting", "waiting", "resumed", "static:2"] and not pause.exists()
     assert set(result["loads"]["concurrency 2"]["runs"]) == {"plain", "static:2"}
+    for entry in result["loads"]["concurrency 2"]["summary"].values():  # what the policy's decisions cost, measured
+        assert entry["policy_us_per_round"] > 0 and 0 < entry["policy_share"] < 1
 
 
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):

@@ -8,11 +8,13 @@ import json
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from test_batch_decoder import synthetic_profile
+from test_batch_decoder import StopWhenUnsure, synthetic_profile
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.batch_observation import BatchObservationSchema
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.learned_batch_policy import load_batch_policy
+from adaptive.policy import SteppedBatchPolicy
 from adaptive.recorder import record
 from envs.batch_replay import BatchReplayEnv
 from lab.batch_training import (
@@ -206,3 +208,85 @@ def test_a_policy_trained_inside_the_schedule_never_drafts_deeper_than_it(traces
             assert depth <= limits.depth(state)
             env.step(depth)
         assert evaluation[str(load)]["learned"] == evaluation[str(load)][CAPPED]
+
+
+def test_per_step_replay_drafts_until_told_to_verify_and_credits_the_round_when_it_ends(traces):
+    """Per step: 1 drafts one more token (reward 0, the round goes on, the draft's recorded top-1
+    probabilities shown), 0 verifies; the verified round is the per-round environment's round at that depth,
+    with its reward, and ends the episode while the clients carry on; a round at the cap's depth is verified
+    without asking."""
+    profile = synthetic_profile({1: 1.0, 2: 2.0, 8: 20.0})
+    env = BatchReplayEnv(traces, profile, loads=(2, 8), switch_prob=0.2, max_depth=4, rounds=10**6, stepwise=True)
+    check_env(env, skip_render_check=True)
+    assert env.action_space.n == 2 and env.schema.version == 2 and env.observation_space.shape == (env.schema.size,)
+    env.reset(seed=1)
+    for actions in ([1, 1, 0], [0], [1, 0], [1, 1, 1, 1], [1, 1, 1, 0]):
+        rounds = copy.deepcopy(env)
+        rounds.stepwise = False
+        depth = min(sum(actions), 4)
+        expected = rounds.step(depth)
+        for i, action in enumerate(actions):
+            observation, reward, terminated, _, info = env.step(action)
+            if i + 1 < len(actions):
+                assert reward == 0.0 and not terminated and info["drafted"] == i + 1
+                shown = dict(zip(env.schema.names, observation))
+                top1 = [traces.features[traces.offsets[r.prompt] + r.t, : i + 1, 0].astype(float) for r in env.batch]
+                assert shown["drafted"] == pytest.approx((i + 1) / 4)
+                assert shown["reach_min"] == pytest.approx(min(np.prod(p) for p in top1), rel=1e-5)
+                assert shown["top1_last"] == pytest.approx(np.mean([p[-1] for p in top1]), rel=1e-5)
+        assert terminated and info["depth"] == depth and reward == pytest.approx(expected[1])
+        assert info["emitted"] == expected[-1]["emitted"]
+        before = [(r.prompt, r.t) for r in env.batch]
+        env.reset()
+        assert [(r.prompt, r.t) for r in env.batch] == before  # the clients carry on into the next episode
+    capped = BatchReplayEnv(traces, profile, loads=(2,), max_depth=4, cap=BatchSizeSchedule("1-8=2"), stepwise=True)
+    capped.reset(seed=0)
+    assert not capped.step(1)[2] and capped.step(1)[2]  # the second token reaches the cap: verified without asking
+
+
+def test_replay_shows_a_stepped_policy_what_the_live_decoder_shows(traces, target, near_draft):
+    """One request at a time: a stepped policy replayed stops where it stops live, seeing the same top-1
+    probabilities (the traces keep them in float16), and the rounds emit the same tokens."""
+    profile = synthetic_profile({1: 1.0, 8: 20.0})
+    env = BatchReplayEnv(traces, profile, loads=(1,), switch_prob=0.0, max_depth=4, rounds=10**6)
+    env.reset(seed=0)
+    order, replayed, shown_replay = [env.batch[0].prompt], [], []
+    policy = StopWhenUnsure(bound=4, threshold=0.3)
+    while len(order) <= 3:
+        depth = env.policy_depth(policy)
+        shown_replay += policy.shown
+        policy.shown = []
+        info = env.step(depth)[-1]
+        replayed.append((depth, info["emitted"]))
+        if env.batch[0].t == 0:
+            order.append(env.batch[0].prompt)
+    decoder = BatchedSpeculativeDecoder(target, near_draft, policy, max_depth=4, max_batch=1)
+    live = []
+    for prompt in order[:3]:
+        decoder.submit(PROMPTS[prompt], 24)
+        while not decoder.idle:
+            round_ = decoder.step()
+            live.append((round_.depth, sum(round_.emitted)))
+    assert replayed[: len(live)] == live
+    assert len({d for d, _ in live}) > 1 and len(policy.shown) > 10  # its stops made rounds of several depths
+    for seen_live, seen_replay in zip(policy.shown, shown_replay):
+        assert seen_live.drafted == seen_replay.drafted
+        assert np.allclose(seen_live.top1, seen_replay.top1, atol=2e-3)
+
+
+def test_a_stepped_policy_learns_to_draft_alone_and_not_in_a_full_batch_and_loads_as_one(traces, tmp_path):
+    """PPO deciding per step (short) matches the per-load best static depth within a few per cent where the
+    best depths differ by load; saved with observation version 2 it loads as a stepped policy, while a policy
+    of version 1 (the kept one) still loads as a per-round policy."""
+    profile = synthetic_profile({1: 0.5, 8: 60.0})
+    ppo = PPOConfig(timesteps=8192, n_steps=1024, batch_size=256, gamma=1.0)
+    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, stepwise=True)
+    for load in ("1", "8"):
+        assert evaluation[load]["learned over best static"] > 0.95, evaluation
+    saved = json.loads((tmp_path / "run" / "policy.json").read_text())
+    assert saved["schema"]["version"] == 2 and saved["stepwise"] and saved["actions"].startswith("before each draft step")
+    assert isinstance(load_batch_policy(tmp_path / "run"), SteppedBatchPolicy)
+    kept = load_batch_policy("benchmarks/kept-policies/batch-rounds")
+    assert kept.schema.version == 1 and not isinstance(kept, SteppedBatchPolicy)
+    with pytest.raises(ValueError, match="versions"):
+        BatchObservationSchema.described({**saved["schema"], "version": 9})

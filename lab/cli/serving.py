@@ -54,6 +54,13 @@ def _depths(depths: dict[str, dict[str, int]]) -> str:
     return " ".join(cells) or "-"
 
 
+def _policy_cost(entry: dict) -> str:
+    """The policy's decisions per round (µs) and their share of the run's wall time; n/a in older results."""
+    if entry.get("policy_us_per_round") is None:
+        return "n/a"
+    return f"{entry['policy_us_per_round']:.0f} ({entry['policy_share']:.2%})"
+
+
 def report_lines(result: dict) -> list[str]:
     """A Markdown table per load: per policy throughput, goodput, latency percentiles and the gain over plain."""
     lines = []
@@ -72,6 +79,7 @@ def report_lines(result: dict) -> list[str]:
                     f"{a['e2e_ms']['p50'] / 1e3:.2f} / {a['e2e_ms']['p95'] / 1e3:.2f}",
                     f"{a['accepted_per_round']:.2f}",
                     _depths(entry.get("depths", {})),
+                    _policy_cost(entry),
                     f"{gain['throughput_ratio']:.3f}",
                     f"{gain['request_speed_ratio']:.3f} [{gain['low']:.3f}, {gain['high']:.3f}]",
                     _diverged(entry),
@@ -88,6 +96,7 @@ def report_lines(result: dict) -> list[str]:
             "e2e s p50/p95",
             "accepted/round",
             "depth by batch size",
+            "policy µs/round (share)",
             "throughput vs plain",
             "request speed vs plain [95 %]",
             "diverged",
@@ -143,12 +152,13 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     profile = BatchCostProfile.load(args.batch_profile)
     path = Path(args.traces)
     traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(args.traces))
-    ppo = PPOConfig(timesteps=args.timesteps, n_steps=1024, batch_size=256, gamma=0.9, ent_coef=0.01)
+    # per step, an episode is one round and its return the round's reward: nothing to discount inside it
+    ppo = PPOConfig(timesteps=args.timesteps, n_steps=1024, batch_size=256, gamma=1.0 if args.per_step else 0.9, ent_coef=0.01)
     out = Path(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = {"traces": str(path), "batch_profile": args.batch_profile}
     seeds = list(range(args.seed, args.seed + args.seeds))
     policy, chosen, judged = train_best_of_seeds(
-        traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra, args.slo_tpot_ms, args.cap_at_schedule
+        traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra, args.slo_tpot_ms, args.cap_at_schedule, args.per_step
     )
     measure = "throughput" if args.slo_tpot_ms is None else f"goodput at {args.slo_tpot_ms:g} ms per token"
     print(f"replay on {path}: each policy's {measure} over plain batched decoding's throughput, per load")
@@ -245,6 +255,12 @@ def register(commands) -> None:
         action="store_true",
         help="train inside the per-batch-size schedule of the best static depths (judged first in replay): the policy never drafts deeper "
         "than it, so never makes longer rounds, and learns where to draft less; saved with the cap, which loading applies",
+    )
+    train.add_argument(
+        "--per-step",
+        action="store_true",
+        help="decide before each draft step whether the whole batch drafts one more token, seeing the draft's top-1 probabilities so far "
+        "(observation version 2), instead of one depth as the round starts",
     )
     train.add_argument("--out", help="policy folder (default runs/batch-DATE)")
     train.set_defaults(func=cmd_train_batch)
