@@ -161,8 +161,8 @@ class BatchReplayEnv(gym.Env):
             self._drafted += 1
             if self._drafted < bound:
                 return self._observation(), 0.0, False, False, {"batch": len(self.batch), "drafted": self._drafted}
-        observation, reward, _, truncated, info = self._play(min(self._drafted, bound))
-        self._drafted = 0
+        depth, self._drafted = min(self._drafted, bound), 0
+        observation, reward, _, truncated, info = self._play(depth)  # the next round's observation, before its first step
         return observation, reward, True, truncated, info
 
     def _play(self, depth: int) -> tuple[np.ndarray, float, bool, bool, dict]:

@@ -124,6 +124,8 @@ policies() {
   done
   step batch --creates $KEEP/batch-rounds/policy.json train_batch_kept batch-rounds
   step batch-cap --creates $KEEP/batch-rounds-cap/policy.json train_batch_kept batch-rounds-cap --cap-at-schedule
+  # deciding before each draft step, inside the schedule (several decisions per round, noisier: 2M steps)
+  step batch-step --creates $KEEP/batch-step/policy.json train_batch_kept batch-step --per-step --cap-at-schedule --timesteps 2000000
 }
 
 run_name() {
@@ -140,6 +142,7 @@ train_kept() {
 
 train_batch_kept() {
   # train_batch_kept NAME [OPTION ...]: the load-aware batch policy, PPO in batched replay of the val traces; kept in $KEEP/NAME
+  # (an OPTION given again, e.g. --timesteps, overrides the default before it)
   local name=$1
   shift
   $A train-batch --batch-profile profiles/$PAIR-batch.json --traces val --timesteps 200000 --seeds 2 "$@" --out "runs/$name"
@@ -217,6 +220,9 @@ load() {
   fi
   step learned $A loadtest --pair $PAIR --dtype "$DTYPE" --policy $KEEP/batch-rounds --policy "$capped" --policy $KEEP/batch-rounds-cap --policy "$schedule" \
     --concurrency 1,2,4,8 --requests 16 --repeats 2 --out benchmarks/results/loadtests/learned
+  # the per-step policy against the schedule, six repeats (pool_loadtests.py sets them against each other run by run)
+  step learned-step $A loadtest --pair $PAIR --dtype "$DTYPE" --policy $KEEP/batch-step --policy "$schedule" \
+    --concurrency 1,2,4,8 --requests 16 --repeats 6 --out benchmarks/results/loadtests/learned-step
 }
 
 retarget() {

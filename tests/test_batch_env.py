@@ -235,6 +235,7 @@ def test_per_step_replay_drafts_until_told_to_verify_and_credits_the_round_when_
                 assert shown["reach_min"] == pytest.approx(min(np.prod(p) for p in top1), rel=1e-5)
                 assert shown["top1_last"] == pytest.approx(np.mean([p[-1] for p in top1]), rel=1e-5)
         assert terminated and info["depth"] == depth and reward == pytest.approx(expected[1])
+        assert np.array_equal(observation, expected[0])  # the next round's observation, before its first step
         assert info["emitted"] == expected[-1]["emitted"]
         before = [(r.prompt, r.t) for r in env.batch]
         env.reset()
