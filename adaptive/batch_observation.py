@@ -25,6 +25,7 @@ Version 1 policies keep loading and keep seeing version 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,23 +98,41 @@ class BatchObservationSchema:
     def observe(self, state: BatchState, profile: BatchCostProfile, step: BatchDraftStep | None = None) -> np.ndarray:
         """The vector for ``state``, the costs read from ``profile`` at its batch size; version 2 also shows
         ``step``, the round's draft so far (None: before its first step)."""
+        return self.with_step(self.head(state, profile), step)
+
+    def head(self, state: BatchState, profile: BatchCostProfile) -> RoundHead:
+        """What the observation shows of ``state`` before the round's first step (version 1's fields, and for
+        version 2 each step's ``cost_next``): computed once per round, then shown with each step."""
         per_request = [acceptance_estimate(a, d) for a, d in zip(state.recent_accepted, state.recent_drafted)] or [PRIOR_ALPHA]
         pooled = acceptance_estimate(tuple(a for rounds in state.recent_accepted for a in rounds), tuple(d for rounds in state.recent_drafted for d in rounds))
-        plain = profile.round_ms(state.batch_size, 0)
-        deepest = min(self.max_depth, profile.max_depth)
-        costs = [profile.round_ms(state.batch_size, d) / plain for d in range(1, deepest + 1)]
-        costs += [costs[-1]] * (self.max_depth - deepest)
+        round_ms = [profile.round_ms(state.batch_size, d) for d in range(min(self.max_depth, profile.max_depth) + 1)]
+        round_ms += [round_ms[-1]] * (self.max_depth + 1 - len(round_ms))
+        costs = [ms / round_ms[0] for ms in round_ms[1:]]
         fresh = sum(not rounds for rounds in state.recent_accepted) / max(1, len(state.recent_accepted))
-        head = [state.batch_size / SCALE, state.waiting / SCALE, pooled, float(np.mean(per_request)), min(per_request), max(per_request), fresh]
-        if not self.stepwise:
-            return np.asarray(head + costs, dtype=np.float32)
-        return np.asarray(head + costs + self._step_fields(state, profile, step), dtype=np.float32)
+        fields = [state.batch_size / SCALE, state.waiting / SCALE, pooled, sum(per_request) / len(per_request), min(per_request), max(per_request), fresh]
+        last = profile.max_depth
+        steps = range(self.max_depth) if self.stepwise else range(0)
+        cost_next = [profile.round_ms(state.batch_size, min(d + 1, last)) / profile.round_ms(state.batch_size, min(d, last - 1)) for d in steps]
+        return RoundHead(fields + costs, cost_next)
 
-    def _step_fields(self, state: BatchState, profile: BatchCostProfile, step: BatchDraftStep | None) -> list[float]:
+    def with_step(self, head: RoundHead, step: BatchDraftStep | None) -> np.ndarray:
+        """The observation: ``head`` and, for version 2, ``step``'s fields (plain Python: this runs after every
+        draft step, where a few NumPy calls on cold caches would cost more than the decision)."""
+        if not self.stepwise:
+            return np.asarray(head.fields, dtype=np.float32)
         drafted = 0 if step is None else step.drafted
         shown = [] if step is None else [top1 for top1 in step.top1 if top1]
-        reach = [float(np.prod(top1)) for top1 in shown] or [1.0]
-        last = float(np.mean([top1[-1] for top1 in shown])) if shown else 1.0
-        deeper = min(drafted + 1, profile.max_depth)
-        cost_next = profile.round_ms(state.batch_size, deeper) / profile.round_ms(state.batch_size, min(drafted, deeper - 1))
-        return [drafted / self.max_depth, float(np.mean(reach)), min(reach), max(reach), last, cost_next]
+        reach = [math.prod(top1) for top1 in shown] or [1.0]
+        last = sum(top1[-1] for top1 in shown) / len(shown) if shown else 1.0
+        cost_next = head.cost_next[min(drafted, self.max_depth - 1)]
+        step_fields = [drafted / self.max_depth, sum(reach) / len(reach), min(reach), max(reach), last, cost_next]
+        return np.asarray(head.fields + step_fields, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class RoundHead:
+    """:meth:`BatchObservationSchema.head`: the round's fields, and per number of tokens drafted so far the
+    cost of drafting one more (version 2's ``cost_next``)."""
+
+    fields: list[float]
+    cost_next: list[float]

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from adaptive.batch_observation import BatchObservationSchema
+from adaptive.batch_observation import BatchObservationSchema, RoundHead
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.learned_policy import mlp, numpy_forward, numpy_layers
 from adaptive.policy import BatchDraftStep, BatchState
@@ -28,7 +28,7 @@ STEP_ACTIONS = "before each draft step: 1 = every drafting request drafts one mo
 
 class LearnedBatchPolicy:
     """Per round (observation version 1): depth = arg-max of the MLP's logits over 0..max_depth. Applied with
-    NumPy: microseconds per decision."""
+    NumPy: microseconds per decision (the round's part of the observation is computed once per round)."""
 
     def __init__(self, net: torch.nn.Sequential, metadata: dict) -> None:
         self.net = net.eval()
@@ -37,9 +37,12 @@ class LearnedBatchPolicy:
         self.profile = BatchCostProfile.from_dict(metadata["profile"], "the policy's batched cost profile")
         self.layers = numpy_layers(self.net)
         self.name = metadata.get("name", "learned-batch")
+        self._round: tuple[BatchState, RoundHead] | None = None
 
     def _decide(self, state: BatchState, step: BatchDraftStep | None = None) -> int:
-        return int(numpy_forward(self.layers, self.schema.observe(state, self.profile, step)).argmax())
+        if self._round is None or self._round[0] is not state:  # the decoder shows one state per round, to every step
+            self._round = (state, self.schema.head(state, self.profile))
+        return int(numpy_forward(self.layers, self.schema.with_step(self._round[1], step)).argmax())
 
     def depth(self, state: BatchState) -> int:
         return min(self._decide(state), self.schema.max_depth, state.max_depth)
