@@ -33,7 +33,7 @@ from adaptive.batched_head import batched_sessions
 from adaptive.eagle3 import Eagle3Head
 from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_ids
 from adaptive.pair import check_compatible
-from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, SteppedBatchPolicy
+from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, asks_each_step
 from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, in_vocabulary, sample, sampling_distribution, target_ids, top1_probabilities
 from adaptive.verification import BlockVerdict, CorrectionRule, residual_correction, verify_drafts
 
@@ -257,7 +257,7 @@ class BatchedSpeculativeDecoder:
         drafting = [b for b, r in enumerate(self.batch) if self.draft.can_draft(len(r.tokens))]
         if depth == 0 or not drafting:
             return drafted, q_rows, 0.0
-        stepped = isinstance(self.policy, SteppedBatchPolicy)
+        stepped = asks_each_step(self.policy)
         top1: list[list[float]] = [[] for _ in self.batch]
         policy_time = 0.0
         feeds = [r.tokens[self.draft.lengths[b] :] if b in drafting else [] for b, r in enumerate(self.batch)]

@@ -223,7 +223,14 @@ class SteppedBatchPolicy(BatchPolicy, Protocol):
         """Whether every drafting request drafts one more token (below the round's bound)."""
 
 
+def asks_each_step(policy: BatchPolicy) -> bool:
+    """Whether ``policy`` is to be asked after each draft step: a :class:`SteppedBatchPolicy` whose ``stepped``
+    attribute, where it has one, is true (a wrapper says so only when the policy inside is stepped, so that the
+    decoder computes no per-step draft probabilities for policies that only pick depths)."""
+    return isinstance(policy, SteppedBatchPolicy) and getattr(policy, "stepped", True)
+
+
 def continues(policy: BatchPolicy, state: BatchState, step: BatchDraftStep) -> bool:
-    """``policy``'s answer after a draft step: a :class:`SteppedBatchPolicy`'s, otherwise always yes (a policy
-    that only picks depths drafts to the depth it picked)."""
-    return policy.should_continue(state, step) if isinstance(policy, SteppedBatchPolicy) else True
+    """``policy``'s answer after a draft step: a stepped policy's (:func:`asks_each_step`), otherwise always yes
+    (a policy that only picks depths drafts to the depth it picked)."""
+    return policy.should_continue(state, step) if asks_each_step(policy) else True

@@ -42,7 +42,7 @@ import numpy as np
 
 from adaptive.batch_observation import BatchObservationSchema
 from adaptive.batch_profile import BatchCostProfile
-from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, SteppedBatchPolicy
+from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, asks_each_step
 from adaptive.traces import TraceSet
 
 
@@ -126,7 +126,7 @@ class BatchReplayEnv(gym.Env):
         stepped policy stops after a draft step, as the live decoder asks it."""
         state = self.state()
         depth = policy.depth(state)
-        if isinstance(policy, SteppedBatchPolicy):
+        if asks_each_step(policy):
             for drafted in range(1, depth):
                 if not policy.should_continue(state, self.draft_step(drafted)):
                     return drafted

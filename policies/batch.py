@@ -10,7 +10,8 @@
 * :class:`SpeculationOff` (``off-above:N:SPEC``): SPEC while at most N requests decode or wait, plain above.
 * :class:`CappedBySchedule` (``capped:1-2=4,3-8=2:SPEC``): SPEC's depth, never deeper than the schedule's.
 
-The two wrappers pass a stepped policy's per-step answers on (:class:`~adaptive.policy.SteppedBatchPolicy`).
+The two wrappers pass a stepped policy's per-step answers on (:class:`~adaptive.policy.SteppedBatchPolicy`), and
+are asked after each draft step only when the policy inside is stepped (``stepped``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from adaptive.batch_observation import PRIOR_ALPHA, acceptance_estimate
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.costmodel import expected_tokens
 from adaptive.learned_batch_policy import is_batch_policy, load_batch_policy
-from adaptive.policy import BatchDraftStep, BatchPolicy, BatchState, continues
+from adaptive.policy import BatchDraftStep, BatchPolicy, BatchState, asks_each_step, continues
 
 
 class FixedBatchDepth:
@@ -113,6 +114,10 @@ class SpeculationOff:
     def depth(self, state: BatchState) -> int:
         return 0 if state.batch_size + state.waiting > self.limit else self.inner.depth(state)
 
+    @property
+    def stepped(self) -> bool:
+        return asks_each_step(self.inner)
+
     def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
         return continues(self.inner, state, step)
 
@@ -128,6 +133,10 @@ class CappedBySchedule:
 
     def depth(self, state: BatchState) -> int:
         return min(self.inner.depth(state), self.cap.depth(state))
+
+    @property
+    def stepped(self) -> bool:
+        return asks_each_step(self.inner)
 
     def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
         return continues(self.inner, state, step)

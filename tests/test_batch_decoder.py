@@ -17,11 +17,11 @@ from adaptive.batched_model import BatchedCachedModel
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession, target_taps
-from adaptive.policy import BatchDraftStep, BatchState
+from adaptive.policy import BatchDraftStep, BatchState, asks_each_step
 from adaptive.profiling import profile_batches
 from adaptive.sampling import SamplingConfig
 from adaptive.verification import naive_correction, residual_correction
-from policies.batch import BatchSizeSchedule, CostModelBatch, FixedBatchDepth, GoodputRule, make_batch_policy
+from policies.batch import BatchSizeSchedule, CappedBySchedule, CostModelBatch, FixedBatchDepth, GoodputRule, SpeculationOff, make_batch_policy
 
 PROMPTS = [[1, 4, 6], [3], [2, 2, 9, 11, 5], [7, 8], [1, 4, 6, 6, 6, 6, 1], [5, 9], [12, 0, 3, 3]]
 
@@ -176,6 +176,18 @@ def test_a_stepped_policy_stops_the_whole_batch_after_any_step_and_every_request
     assert 5 in depths and any(0 < d < 5 for d in depths), depths
     for step in policy.shown:
         assert all(len(top1) in (0, step.drafted) and all(0.0 < p <= 1.0 for p in top1) for top1 in step.top1)
+
+
+def test_wrappers_are_asked_after_each_draft_step_only_when_the_policy_inside_is_stepped(target, near_draft):
+    """The schedule cap and the load switch pass a stepped policy's answers on, and are not asked at all
+    around a policy that only picks depths (so the decoder computes no per-step probabilities for it)."""
+    schedule = BatchSizeSchedule("1-8=4")
+    for wrap in (lambda inner: CappedBySchedule(schedule, inner), lambda inner: SpeculationOff(8, inner)):
+        stepped = StopWhenUnsure(bound=4, threshold=0.2)
+        assert asks_each_step(wrap(stepped)) and not asks_each_step(wrap(FixedBatchDepth(4)))
+        decoder = BatchedSpeculativeDecoder(target, near_draft, wrap(stepped), max_depth=6, max_batch=3)
+        decoder.generate(PROMPTS, max_new_tokens=12)
+        assert stepped.shown  # asked through the wrapper
 
 
 N_SAMPLES = 20_000
