@@ -140,7 +140,8 @@ def test_profile_writes_a_profile_and_prints_c_and_g(model_folders, tmp_path):
 
 def test_a_profile_check_with_speed_times_the_pair_again_and_flags_another_speed(model_folders, tmp_path):
     """--check FILE --speed times the target and draft steps now and compares them with FILE's: within a loose
-    tolerance it passes; against a profile whose steps are 50 times slower it fails, naming the ratio."""
+    tolerance it passes; against a profile whose steps are 1,000 times slower it fails, naming the ratio (a tiny
+    model's step time varies several-fold beside other tests, hence the wide factor)."""
     out = tmp_path / "profile.json"
     pair = ["--target", model_folders["target"], "--draft", model_folders["draft"]]
     measured = run("profile", *pair, "--out", str(out), "--max-verify", "2", "--contexts", "8,16", "--reference-context", "16", "--repetitions", "2")
@@ -149,8 +150,8 @@ def test_a_profile_check_with_speed_times_the_pair_again_and_flags_another_speed
     assert same.returncode == 0 and "target step at context 16:" in same.stdout and "within" in same.stdout, same.stdout + same.stderr
     document = json.loads(out.read_text())
     for point in (document["verify"]["16"]["1"], document["draft_step"]["16"]):
-        point["median_ms"] *= 50
-    document["target_step_ms"] *= 50
+        point["median_ms"] *= 1000
+    document["target_step_ms"] *= 1000
     out.write_text(json.dumps(document))
     slower = run("profile", *pair, "--check", str(out), "--speed", "--repetitions", "3")
     assert slower.returncode == 1 and "another speed" in slower.stdout, slower.stdout + slower.stderr
