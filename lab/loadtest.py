@@ -80,16 +80,17 @@ def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tupl
 
 def run_load(
     decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
-) -> tuple[list[RequestResult], float, list[tuple[int, int, float]]]:
+) -> tuple[list[RequestResult], float, list[tuple[int, int, float, float, float]]]:
     """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load``; returns the finished
     requests in submission order, the run's wall seconds (first submission to last token) and each round's
-    batch size, depth and policy seconds (its decisions, per round and per draft step)."""
+    batch size, depth, policy seconds (its decisions, per round and per draft step), seconds in all (policy, draft
+    and verification) and seconds admitting requests before it (their prefill)."""
     clock, start = decoder.clock, decoder.clock()
     arrivals = None
     if load.rate is not None:
         arrivals = list(start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
     submitted: list[int] = []
-    rounds: list[tuple[int, int, float]] = []
+    rounds: list[tuple[int, int, float, float, float]] = []
 
     def submit(index: int, at: float | None = None) -> None:
         submitted.append(decoder.submit(prompts[index], max_new_tokens, seed=seed + index, at=at))
@@ -110,7 +111,7 @@ def run_load(
             break
         round_ = decoder.step()
         if round_ is not None:
-            rounds.append((len(round_.requests), round_.depth, round_.policy_time))
+            rounds.append((len(round_.requests), round_.depth, round_.policy_time, round_.total_time - round_.admit_time, round_.admit_time))
     results = [decoder.finished.pop(i) for i in submitted]
     return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start, rounds
 
@@ -245,6 +246,20 @@ def depths_by_batch(rounds: list[tuple]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def round_ms_by_batch(rounds: list[tuple]) -> dict[str, dict[str, float]]:
+    """Median milliseconds of a round (policy, draft and verification; admissions apart) per depth at each batch
+    size (JSON keys): live round costs to set beside a batched profile's. Rounds kept before round times were
+    (three fields) count in none."""
+    times: dict[tuple[int, int], list[float]] = {}
+    for batch, depth, *rest in rounds:
+        if len(rest) >= 2:
+            times.setdefault((batch, depth), []).append(rest[1])
+    table: dict[str, dict[str, float]] = {}
+    for (batch, depth), seconds in sorted(times.items()):
+        table.setdefault(str(batch), {})[str(depth)] = float(np.median(seconds) * 1e3)
+    return table
+
+
 def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: float) -> dict:
     """Per policy: summaries per language and overall (repeats pooled: wall seconds summed), peak memory,
     and the throughput ratio to ``baseline`` with its paired interval over requests."""
@@ -259,6 +274,7 @@ def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: floa
         timed = [r[2] for r in rounds if len(r) > 2]  # policy seconds per round (load tests since they were kept)
         entry["policy_us_per_round"] = float(np.mean(timed) * 1e6) if timed else None
         entry["policy_share"] = sum(timed) / wall if timed and wall > 0 else None
+        entry["round_ms"] = round_ms_by_batch(rounds)
         result[name] = entry
     for name, repeats in runs.items():
         rows = [row for run in repeats for row in run["rows"]]

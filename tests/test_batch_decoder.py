@@ -367,6 +367,8 @@ def test_a_load_test_waits_between_runs_while_the_pause_file_exists(target, near
     assert set(result["loads"]["concurrency 2"]["runs"]) == {"plain", "static:2"}
     for entry in result["loads"]["concurrency 2"]["summary"].values():  # what the policy's decisions cost, measured
         assert entry["policy_us_per_round"] > 0 and 0 < entry["policy_share"] < 1
+        assert entry["round_ms"].keys() == entry["depths"].keys()  # each round's cost, by batch size and depth
+        assert all(entry["round_ms"][b].keys() == entry["depths"][b].keys() and min(entry["round_ms"][b].values()) > 0 for b in entry["depths"])
 
 
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
