@@ -80,17 +80,18 @@ def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tupl
 
 def run_load(
     decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
-) -> tuple[list[RequestResult], float, list[tuple[int, int, float, float, float]]]:
+) -> tuple[list[RequestResult], float, list[tuple[int, int, float, float, float, int]]]:
     """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load``; returns the finished
     requests in submission order, the run's wall seconds (first submission to last token) and each round's
     batch size, depth, policy seconds (its decisions, per round and per draft step), seconds in all (policy, draft
-    and verification) and seconds admitting requests before it (their prefill)."""
+    and verification), seconds admitting requests before it (their prefill) and drafted tokens accepted (summed over
+    its requests)."""
     clock, start = decoder.clock, decoder.clock()
     arrivals = None
     if load.rate is not None:
         arrivals = list(start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
     submitted: list[int] = []
-    rounds: list[tuple[int, int, float, float, float]] = []
+    rounds: list[tuple[int, int, float, float, float, int]] = []
 
     def submit(index: int, at: float | None = None) -> None:
         submitted.append(decoder.submit(prompts[index], max_new_tokens, seed=seed + index, at=at))
@@ -111,7 +112,8 @@ def run_load(
             break
         round_ = decoder.step()
         if round_ is not None:
-            rounds.append((len(round_.requests), round_.depth, round_.policy_time, round_.total_time - round_.admit_time, round_.admit_time))
+            seconds = (round_.policy_time, round_.total_time - round_.admit_time, round_.admit_time)
+            rounds.append((len(round_.requests), round_.depth, *seconds, sum(round_.accepted)))
     results = [decoder.finished.pop(i) for i in submitted]
     return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start, rounds
 

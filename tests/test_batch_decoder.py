@@ -369,6 +369,9 @@ def test_a_load_test_waits_between_runs_while_the_pause_file_exists(target, near
         assert entry["policy_us_per_round"] > 0 and 0 < entry["policy_share"] < 1
         assert entry["round_ms"].keys() == entry["depths"].keys()  # each round's cost, by batch size and depth
         assert all(entry["round_ms"][b].keys() == entry["depths"][b].keys() and min(entry["round_ms"][b].values()) > 0 for b in entry["depths"])
+    for name, runs in result["loads"]["concurrency 2"]["runs"].items():  # accepted tokens per round add up to the requests'
+        accepted = sum(row["accepted"] for run in runs for row in run["rows"])
+        assert sum(r[5] for run in runs for r in run["rounds"]) == accepted and (accepted > 0) == (name != "plain")
 
 
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
