@@ -253,9 +253,8 @@ def round_ms_by_batch(rounds: list[tuple]) -> dict[str, dict[str, float]]:
     size (JSON keys): live round costs to set beside a batched profile's. Rounds kept before round times were
     (three fields) count in none."""
     times: dict[tuple[int, int], list[float]] = {}
-    for batch, depth, *rest in rounds:
-        if len(rest) >= 2:
-            times.setdefault((batch, depth), []).append(rest[1])
+    for batch, depth, _policy, seconds, *_ in (r for r in rounds if len(r) >= 4):
+        times.setdefault((batch, depth), []).append(seconds)
     table: dict[str, dict[str, float]] = {}
     for (batch, depth), seconds in sorted(times.items()):
         table.setdefault(str(batch), {})[str(depth)] = float(np.median(seconds) * 1e3)
