@@ -21,7 +21,9 @@ For judging, :meth:`BatchReplayEnv.oracle_depth` is the replay-only myopic oracl
 knowing every request's match length), and :meth:`BatchReplayEnv.policy_depth` plays any batch policy's
 round, a stepped one's per-step answers included. Observation: :mod:`adaptive.batch_observation`. Episodes
 last ``rounds`` rounds (truncated; the load and the requests carry on across resets only through the random
-generator).
+generator). ``reset(options={"load": c, "requests": [...]})`` replays a fixed stream instead, as a load test
+sends it: closed-loop clients take the given trace indices in order, and the episode ends (terminated) when the
+last of them has finished.
 
 **Per step** (``stepwise=True``, observation version 2): the agent is asked before each draft step whether
 the batch drafts one more token (``Discrete(2)``: 1 = draft, 0 = verify now), seeing the draft's top-1
@@ -94,6 +96,8 @@ class BatchReplayEnv(gym.Env):
         self._offsets = traces.offsets.tolist()
         self.concurrency = loads[0]
         self.batch: list[_Request] = []
+        self._stream: list[int] | None = None
+        """A fixed request stream's trace indices still to send (None: random requests)."""
         self._round = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
@@ -102,6 +106,7 @@ class BatchReplayEnv(gym.Env):
         self._drafted = 0
         if fresh:  # per step, an episode is one round: the clients carry on unless told otherwise
             self.concurrency = int(self.np_random.choice(self.loads)) if options is None or "load" not in options else int(options["load"])
+            self._stream = self._checked_stream(options.get("requests")) if options is not None else None
             self.batch = []
             self._fill()
             self._round = 0
@@ -196,7 +201,8 @@ class BatchReplayEnv(gym.Env):
             "plain_seconds_per_token": plain / size,
             "tokens_per_request": tokens_per_request,
         }
-        return self._observation(), float(reward), False, self._round >= self.rounds, info
+        terminated = self._stream is not None and not self.batch
+        return self._observation(), float(reward), terminated, self._round >= self.rounds, info
 
     def _accepted(self, request: _Request, depth: int) -> int:
         """Drafted tokens ``request`` accepts in a round of ``depth``: its recorded match length, cut at the depth."""
@@ -216,10 +222,27 @@ class BatchReplayEnv(gym.Env):
         return self._offsets[request.prompt + 1] - self._offsets[request.prompt] - request.t
 
     def _fill(self) -> None:
-        """Closed loop: new requests until ``concurrency`` are in flight (none leave early when it drops)."""
+        """Closed loop: new requests until ``concurrency`` are in flight (none leave early when it drops), the
+        fixed stream's next ones while it lasts."""
         while len(self.batch) < self.concurrency:
-            self.batch.append(_Request(int(self.np_random.integers(len(self.traces)))))
+            if self._stream is None:
+                self.batch.append(_Request(int(self.np_random.integers(len(self.traces)))))
+            elif self._stream:
+                self.batch.append(_Request(self._stream.pop(0)))
+            else:
+                break
+
+    def _checked_stream(self, requests) -> list[int] | None:
+        """A fixed request stream's trace indices, checked (None: random requests)."""
+        if requests is None:
+            return None
+        stream = [int(index) for index in requests]
+        if not stream or any(not 0 <= index < len(self.traces) for index in stream):
+            raise ValueError(f"requests must be a non-empty list of trace indices in 0..{len(self.traces) - 1}, got {requests}")
+        return stream
 
     def _observation(self) -> np.ndarray:
+        if not self.batch:  # a fixed stream's end: nothing left to observe
+            return np.zeros(self.schema.size, np.float32)
         step = self.draft_step(self._drafted) if self.stepwise and self._drafted else None
         return np.clip(self.schema.observe(self.state(), self.profile, step), -10.0, 10.0)

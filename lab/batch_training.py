@@ -71,23 +71,26 @@ class LoadReplay:
     round and the rest of its tokens arrive with it (gap 0), as the load test counts inter-token latency."""
 
 
-def replay_load(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int, seed: int) -> LoadReplay:
-    """``policy`` over ``rounds`` rounds at a fixed ``load``: Σ emitted / Σ seconds over the plain rate B / step
-    time at the batch sizes met (with the environment's latency target, Σ counted instead of Σ emitted), and
-    the 95th percentile of the inter-token gaps."""
+def replay_load(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int, seed: int, requests: Sequence[int] | None = None) -> LoadReplay:
+    """``policy`` over ``rounds`` rounds at a fixed ``load`` (or, given ``requests``, over that fixed stream of
+    trace indices, as a load test sends it, until the last finishes): Σ emitted / Σ seconds over the plain rate
+    B / step time at the batch sizes met (with the environment's latency target, Σ counted instead of Σ
+    emitted), and the 95th percentile of the inter-token gaps."""
     saved = env.switch_prob
     env.switch_prob = 0.0
-    env.reset(seed=seed, options={"load": load})
+    env.reset(seed=seed, options={"load": load} if requests is None else {"load": load, "requests": list(requests)})
     emitted = counted = seconds = plain = 0.0
     gaps: list[float] = []
-    for _ in range(rounds):
-        _, _, _, _, info = env.step(env.policy_depth(policy))
+    for _ in range(rounds if requests is None else 10**9):
+        _, _, finished, _, info = env.step(env.policy_depth(policy))
         emitted += info["emitted"]
         counted += info["counted"]
         seconds += info["seconds"]
         plain += info["emitted"] * info["plain_seconds_per_token"]
         for tokens in info["tokens_per_request"]:
             gaps += [info["seconds"] * 1e3] + [0.0] * (tokens - 1)
+        if finished:
+            break
     env.switch_prob = saved
     return LoadReplay(counted / emitted * plain / seconds, float(np.percentile(gaps, 95)))
 

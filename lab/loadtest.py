@@ -71,11 +71,17 @@ class Load:
         return f"concurrency {self.concurrency}" if self.concurrency is not None else f"rate {self.rate:g}/s"
 
 
-def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tuple[str, list[int]]]:
-    """``count`` chat-formatted prompts of ``split``, the languages taking turns: (language, token ids)."""
+def mixed_prompt_rows(count: int, split: str = "test") -> list[dict]:
+    """The workload rows of a load test's ``count`` requests: ``split``'s prompts, the languages taking turns,
+    each language's in file order (wrapping round)."""
     by_lang = {lang: load_prompts(split, lang=lang) for lang in LANGUAGES}
     langs = [LANGUAGES[i % len(LANGUAGES)] for i in range(count)]
-    return [(lang, chat_ids(pair.tokenizer, by_lang[lang][i // len(LANGUAGES) % len(by_lang[lang])]["prompt"])) for i, lang in enumerate(langs)]
+    return [by_lang[lang][i // len(LANGUAGES) % len(by_lang[lang])] for i, lang in enumerate(langs)]
+
+
+def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tuple[str, list[int]]]:
+    """``count`` chat-formatted prompts of ``split``, the languages taking turns: (language, token ids)."""
+    return [(row["lang"], chat_ids(pair.tokenizer, row["prompt"])) for row in mixed_prompt_rows(count, split)]
 
 
 def run_load(

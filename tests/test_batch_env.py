@@ -30,6 +30,7 @@ from lab.batch_training import (
     worst_load_ratio,
 )
 from lab.config import PPOConfig
+from lab.loadtest import Load, run_load
 from policies import make_policy
 from policies.batch import BatchSizeSchedule, FixedBatchDepth, make_batch_policy
 
@@ -183,6 +184,29 @@ def test_replay_counts_inter_token_gaps_as_the_load_test_does(traces):
     deep = replay_load(env, FixedBatchDepth(3), 2, rounds=50, seed=3)
     assert deep.itl_p95_ms == pytest.approx(float(np.percentile(gaps, 95)))
     assert 0.0 in gaps and deep.itl_p95_ms == pytest.approx(profile.round_ms(2, 3))  # zeros below, a round's time at p95
+
+
+def test_a_fixed_request_stream_replays_as_a_load_test_sends_it(traces, target, near_draft):
+    """Given the stream of requests a load test sends (trace indices, in order), replay runs closed-loop clients
+    over exactly those and ends when the last finishes: the same batch sizes round by round and the same tokens as
+    the load test of the batched decoder with the same prompts."""
+    profile = synthetic_profile({1: 1.0, 8: 20.0})
+    env = BatchReplayEnv(traces, profile, loads=(2,), switch_prob=0.0, max_depth=4, rounds=10**6)
+    stream = [3, 0, 4, 1, 2]
+    env.reset(seed=0, options={"load": 2, "requests": stream})
+    replayed = []
+    while True:
+        _, _, finished, _, info = env.step(3)
+        replayed.append((info["batch"], info["emitted"]))
+        if finished:
+            break
+    decoder = BatchedSpeculativeDecoder(target, near_draft, FixedBatchDepth(3), max_depth=4, max_batch=2)
+    results, _, rounds = run_load(decoder, [PROMPTS[i] for i in stream], Load(len(stream), concurrency=2), max_new_tokens=24)
+    assert [batch for batch, _ in replayed] == [batch for batch, *_ in rounds]
+    assert sum(emitted for _, emitted in replayed) == sum(len(r.token_ids) for r in results)
+    assert replay_load(env, FixedBatchDepth(3), 2, rounds=0, seed=0, requests=stream).rate > 1.0  # the stream, not 0 rounds
+    with pytest.raises(ValueError, match="trace indices in 0..4"):
+        env.reset(options={"load": 2, "requests": [0, 5]})
 
 
 def test_a_policy_trained_inside_the_schedule_never_drafts_deeper_than_it(traces, tmp_path):
