@@ -25,7 +25,7 @@ from pool_loadtests import pool, run_ratios
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.traces import TraceSet
 from envs.batch_replay import BatchReplayEnv
-from lab.batch_training import replay_load
+from lab.batch_training import DEFAULT_DECISION_MS, replay_load
 from lab.loadtest import mixed_prompt_rows
 from policies.batch import make_batch_policy
 
@@ -51,6 +51,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="requests per load, as the load test's --requests (default 16)")
     parser.add_argument("--split", default="test", help="the load test's --split (default test)")
     parser.add_argument("--max-depth", type=int, default=8, help="deepest draft (default 8, as the load test's)")
+    parser.add_argument(
+        "--decision-ms",
+        type=float,
+        default=DEFAULT_DECISION_MS,
+        help=f"ms charged per decision of a learned policy (default {DEFAULT_DECISION_MS:g}, as train-batch; rules are charged nothing)",
+    )
     parser.add_argument("--live", type=Path, action="append", default=[], help="result.json of live load tests of these policies (repeat: pooled)")
     args = parser.parse_args()
     if args.versus not in args.policy:
@@ -58,12 +64,15 @@ def main() -> None:
     profile = BatchCostProfile.load(args.batch_profile)
     traces = TraceSet.load(args.traces)
     loads = tuple(int(c) for c in args.concurrency.split(","))
-    env = BatchReplayEnv(traces, profile, loads, 0.0, min(args.max_depth, traces.depth, profile.max_depth))
+    env = BatchReplayEnv(traces, profile, loads, 0.0, min(args.max_depth, traces.depth, profile.max_depth), decision_ms=args.decision_ms)
     indices = stream(traces, args.requests, args.split)
     policies = {spec: make_batch_policy(spec, profile) for spec in args.policy}
     results = [json.loads(path.read_text()) for path in args.live]
     live = pool(results) if results else {}
-    print(f"replayed: {args.requests} {args.split} requests as the load test sends them ({args.traces}), costs of {args.batch_profile}")
+    print(
+        f"replayed: {args.requests} {args.split} requests as the load test sends them ({args.traces}), costs of {args.batch_profile},"
+        f" {args.decision_ms:g} ms per learned decision"
+    )
     print(f"against {args.versus}" + (f"; live: {', '.join(map(str, args.live))}, run by run [95 %]" if results else ""))
     header = "| load | policy | replayed × plain | ITL p95 ms | replayed / versus | ITL p95 / versus |"
     if results:

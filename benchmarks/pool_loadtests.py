@@ -5,7 +5,9 @@ at some loads), pools each policy's runs per load (``lab.loadtest.summary`` over
 goodput and throughput, ITL p95 over all inter-token gaps) and prints, per load, each policy's goodput, ITL p95 and
 per-request speed over the reference policy with a 95 % paired bootstrap interval over requests, and its goodput
 and ITL p95 over the reference's run by run (each repeat beside the reference's run of the same repeat, which
-ran next to it: the geometric mean of those ratios with a 95 % bootstrap interval over the pairs of runs).
+ran next to it: the geometric mean of those ratios with a 95 % bootstrap interval over the pairs of runs), and how
+many of its requests decoded the very same tokens as the reference's (at bf16 a near-tie flips with the batch's shapes,
+and the two then decode partly different text).
 Loads that only some files measured are pooled over those files.
 
 Run: .venv/bin/python benchmarks/pool_loadtests.py benchmarks/results/loadtests/learned/result.json \\
@@ -59,6 +61,13 @@ def run_ratios(mine: list[dict], base: list[dict], slo_tpot_ms: float, resamples
     return out
 
 
+def same_outputs(mine: list[dict], base: list[dict]) -> tuple[int, tuple[int, int]]:
+    """Of requests paired in order, how many decoded the very same tokens, and the tokens each side decoded: at bf16
+    a near-tie can flip with the batch's shapes, and two policies then decode different text (of other acceptance)."""
+    same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(mine, base))
+    return same, (sum(r["tokens"] for r in mine), sum(r["tokens"] for r in base))
+
+
 def compare(pooled: dict[str, dict[str, dict[int, list[dict]]]], versus: str, slo_tpot_ms: float) -> list[str]:
     """Per load, a line per policy: runs, throughput, goodput (tok/s of requests whose TPOT is within
     ``slo_tpot_ms``), ITL p95, and the per-request speed over ``versus`` [95 %], paired within each file's runs."""
@@ -86,6 +95,8 @@ def compare(pooled: dict[str, dict[str, dict[int, list[dict]]]], versus: str, sl
                 line += "; run by run ({} pairs) goodput {:.3f} [{:.3f}, {:.3f}], ITL p95 {:.3f} [{:.3f}, {:.3f}]".format(
                     min(len(ours), len(theirs)), *ratios["goodput"], *ratios["itl_p95"]
                 )
+                same, tokens = same_outputs(mine, base)
+                line += f"; outputs as {versus}'s: {same}/{min(len(mine), len(base))} requests (tokens {tokens[0]} against {tokens[1]})"
             lines.append(line)
     return lines
 

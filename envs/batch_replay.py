@@ -15,6 +15,12 @@ per-round form of the load test's goodput, which counts requests whose time per 
 A deep draft at a high load makes long rounds, and a request that accepts little in one then misses the
 target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound.
 
+A learned policy's decisions take time live (its observation and forward; per step, the draft's top-1
+probabilities too: the load test's "policy µs/round"). With ``decision_ms`` each round is charged that many
+milliseconds per decision — per round the agent's one, per step each time it is asked; a judged policy's as
+:meth:`BatchReplayEnv.policy_depth` asks it, nothing for rules (:func:`charges_decisions`) — as the single-request
+environments charge ``decision_seconds``: a stop that saves less than the decisions cost does not pay.
+
 With a ``cap`` (a batch policy, e.g. a per-batch-size schedule), an action deeper than the cap's depth runs at
 the cap's depth: a policy trained so never drafts deeper than the cap and learns where to draft less.
 For judging, :meth:`BatchReplayEnv.oracle_depth` is the replay-only myopic oracle (each round's best depth,
@@ -48,6 +54,12 @@ from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchSta
 from adaptive.traces import TraceSet
 
 
+def charges_decisions(policy: BatchPolicy) -> bool:
+    """Whether replay charges ``policy``'s decisions: a learned one's, not a rule's (rules declare
+    ``decision_seconds``, :data:`~adaptive.policy.RULE_DECISION_SECONDS`; wrappers pass the inner policy's on)."""
+    return getattr(policy, "decision_seconds", None) is None
+
+
 @dataclass
 class _Request:
     prompt: int
@@ -72,6 +84,7 @@ class BatchReplayEnv(gym.Env):
         slo_tpot_ms: float | None = None,
         cap: BatchPolicy | None = None,
         stepwise: bool = False,
+        decision_ms: float = 0.0,
     ) -> None:
         if traces.sampled:
             raise ValueError("batched replay needs greedy traces (match lengths); these are sampled")
@@ -83,7 +96,9 @@ class BatchReplayEnv(gym.Env):
             raise ValueError(f"switch_prob must lie in [0, 1], got {switch_prob}")
         if slo_tpot_ms is not None and not slo_tpot_ms > 0:
             raise ValueError(f"slo_tpot_ms must be a positive number of milliseconds (or None: throughput), got {slo_tpot_ms}")
-        self.slo_tpot_ms, self.cap = slo_tpot_ms, cap
+        if not decision_ms >= 0:
+            raise ValueError(f"decision_ms must be >= 0 milliseconds per decision, got {decision_ms}")
+        self.slo_tpot_ms, self.cap, self.decision_ms = slo_tpot_ms, cap, decision_ms
         self.traces, self.profile, self.loads, self.switch_prob = traces, profile, tuple(loads), switch_prob
         self.max_depth, self.rounds, self.stepwise = max_depth, rounds, stepwise
         self.schema = BatchObservationSchema(max_depth, 2 if stepwise else 1)
@@ -93,6 +108,10 @@ class BatchReplayEnv(gym.Env):
         self._top1 = traces.features[..., 0].astype(np.float64)
         self._drafted = 0
         """Per step: tokens drafted in the round under way."""
+        self._asked = 0
+        """Per step: decisions asked of the agent in the round under way."""
+        self._judged_decisions: int | None = None
+        """Decisions :meth:`policy_depth` counted for the coming round (None: the agent's own)."""
         self._offsets = traces.offsets.tolist()
         self.concurrency = loads[0]
         self.batch: list[_Request] = []
@@ -103,7 +122,7 @@ class BatchReplayEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         fresh = seed is not None or options is not None or not self.stepwise or not self.batch
         super().reset(seed=seed)
-        self._drafted = 0
+        self._drafted = self._asked = 0
         if fresh:  # per step, an episode is one round: the clients carry on unless told otherwise
             self.concurrency = int(self.np_random.choice(self.loads)) if options is None or "load" not in options else int(options["load"])
             self._stream = self._checked_stream(options.get("requests")) if options is not None else None
@@ -128,13 +147,17 @@ class BatchReplayEnv(gym.Env):
 
     def policy_depth(self, policy: BatchPolicy) -> int:
         """The depth ``policy`` plays this round: its :meth:`~adaptive.policy.BatchPolicy.depth`, cut where a
-        stepped policy stops after a draft step, as the live decoder asks it."""
+        stepped policy stops after a draft step, as the live decoder asks it. The next :meth:`step` charges the
+        decisions asked (a learned policy's; :func:`charges_decisions`)."""
         state = self.state()
-        depth = policy.depth(state)
+        depth, asked = policy.depth(state), 1
         if asks_each_step(policy):
             for drafted in range(1, depth):
+                asked += 1
                 if not policy.should_continue(state, self.draft_step(drafted)):
-                    return drafted
+                    depth = drafted
+                    break
+        self._judged_decisions = asked if charges_decisions(policy) else 0
         return depth
 
     def oracle_depth(self, cap: int) -> int:
@@ -155,25 +178,27 @@ class BatchReplayEnv(gym.Env):
             raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
         if self.cap is not None:
             depth = min(depth, self.cap.depth(self.state()))
-        return self._play(depth)
+        decisions, self._judged_decisions = (1 if self._judged_decisions is None else self._judged_decisions), None
+        return self._play(depth, decisions)
 
     def _decide_step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Per step: draft one more token (1) or verify now (0); the round is played once verified."""
         if action not in (0, 1):
             raise ValueError(f"a per-step action is 0 (verify now) or 1 (draft one more token), got {action}")
         bound = self.max_depth if self.cap is None else min(self.max_depth, self.cap.depth(self.state()))
+        self._asked += 1
         if action == 1 and self._drafted < bound:
             self._drafted += 1
             if self._drafted < bound:
                 return self._observation(), 0.0, False, False, {"batch": len(self.batch), "drafted": self._drafted}
-        depth, self._drafted = min(self._drafted, bound), 0
-        observation, reward, _, truncated, info = self._play(depth)  # the next round's observation, before its first step
+        depth, decisions, self._drafted, self._asked = min(self._drafted, bound), self._asked, 0, 0
+        observation, reward, _, truncated, info = self._play(depth, decisions)  # the next round's observation, before its first step
         return observation, reward, True, truncated, info
 
-    def _play(self, depth: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """One round of ``depth`` drafted tokens for the whole batch."""
+    def _play(self, depth: int, decisions: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """One round of ``depth`` drafted tokens for the whole batch, ``decisions`` asked of a learned policy."""
         size = len(self.batch)
-        round_ms = self.profile.round_ms(size, depth)
+        round_ms = self.profile.round_ms(size, depth) + decisions * self.decision_ms
         seconds, plain = round_ms / 1e3, self.profile.round_ms(size, 0) / 1e3
         emitted = counted = 0
         tokens_per_request = []

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.learned_batch_policy import save_batch_policy
-from adaptive.policy import BatchPolicy, BatchState
+from adaptive.policy import RULE_DECISION_SECONDS, BatchPolicy, BatchState
 from adaptive.traces import TraceSet
 from envs.batch_replay import BatchReplayEnv
 from lab.config import PPOConfig
@@ -35,9 +35,17 @@ ORACLE, ORACLE_CAPPED = "oracle", "oracle, capped"
 each round's depth could gain at most, and at most without longer rounds than the schedule's."""
 
 
+DEFAULT_DECISION_MS = 0.25
+"""Milliseconds charged per decision of a learned batch policy in replay: measured live, a per-step policy's decisions
+(top-1 probabilities and forward) took 0.68-0.95 ms per round of about three asks at bf16 (load tests of
+2026-12-04/05), a per-round policy's 0.15 ms per round at fp32 (2026-12-05): the load tests' "policy µs/round"."""
+
+
 class ReplayOracle:
     """Replay only: each round the depth :meth:`~envs.batch_replay.BatchReplayEnv.oracle_depth` picks on
-    ``env``, within ``cap``'s depth (without one, the decoder's cap)."""
+    ``env``, within ``cap``'s depth (without one, the decoder's cap); a bound, charged no decisions."""
+
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, env: BatchReplayEnv, cap: BatchPolicy | None = None) -> None:
         self.env, self.cap = env, cap
@@ -126,17 +134,19 @@ def train_batch_policy(
     slo_tpot_ms: float | None = None,
     cap_at_schedule: bool = False,
     stepwise: bool = False,
+    decision_ms: float = DEFAULT_DECISION_MS,
 ) -> tuple[BatchPolicy, dict]:
     """PPO on :class:`BatchReplayEnv` (reward: throughput, or goodput under ``slo_tpot_ms``); saves the policy
     in ``out`` and its replay judgement in ``out/evaluation.json``; returns both. The static depths are judged
     first; with ``cap_at_schedule`` PPO trains inside their per-batch-size schedule (the environment's cap),
     and the policy is saved with that cap, which :func:`~policies.batch.make_batch_policy` applies on loading.
-    ``stepwise``: the policy decides before each draft step (the environment's per-step mode)."""
-    judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms)
+    ``stepwise``: the policy decides before each draft step (the environment's per-step mode). Each decision of
+    the learning agent, and of a learned policy judged, costs ``decision_ms``."""
+    judged_env = BatchReplayEnv(traces, profile, loads, 0.0, max_depth, rounds=10**9, slo_tpot_ms=slo_tpot_ms, decision_ms=decision_ms)
     evaluation = judge(judged_env, {f"static:{d}": FixedBatchDepth(d) for d in range(max_depth + 1)}, loads)
     schedule = best_static_schedule(evaluation, profile.batch_sizes[-1])
     cap = schedule if cap_at_schedule else None
-    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms, cap=cap, stepwise=stepwise)
+    env = BatchReplayEnv(traces, profile, loads, switch_prob, max_depth, slo_tpot_ms=slo_tpot_ms, cap=cap, stepwise=stepwise, decision_ms=decision_ms)
     env.reset(seed=seed)
     model = new_ppo(ppo, env, seed)
     model.learn(ppo.timesteps, callback=_Bar(ppo.timesteps))
@@ -149,6 +159,7 @@ def train_batch_policy(
         "seed": seed,
         "slo_tpot_ms": slo_tpot_ms,
         "stepwise": stepwise,
+        "decision_ms": decision_ms,
         **({"cap": schedule.spec} if cap else {}),
         **(metadata or {}),
     }
@@ -188,6 +199,7 @@ def train_best_of_seeds(
     slo_tpot_ms: float | None = None,
     cap_at_schedule: bool = False,
     stepwise: bool = False,
+    decision_ms: float = DEFAULT_DECISION_MS,
 ) -> tuple[BatchPolicy, int, dict[int, dict]]:
     """One PPO run per seed (each kept in ``out/seed-N``); the run whose worst load comes closest to the best
     static depth in replay (:func:`worst_load_ratio`) is copied to ``out``, named after it. PPO on this
@@ -211,6 +223,7 @@ def train_best_of_seeds(
             slo_tpot_ms,
             cap_at_schedule,
             stepwise,
+            decision_ms,
         )
     chosen = max(seeds, key=lambda seed: worst_load_ratio(judged[seed]))
     for path in (out / f"seed-{chosen}").iterdir():

@@ -20,11 +20,13 @@ from adaptive.batch_observation import PRIOR_ALPHA, acceptance_estimate
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.costmodel import expected_tokens
 from adaptive.learned_batch_policy import is_batch_policy, load_batch_policy
-from adaptive.policy import BatchDraftStep, BatchPolicy, BatchState, asks_each_step, continues
+from adaptive.policy import RULE_DECISION_SECONDS, BatchDraftStep, BatchPolicy, BatchState, asks_each_step, continues
 
 
 class FixedBatchDepth:
     """Always ``depth`` tokens (0: plain batched decoding), whatever the batch."""
+
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, depth: int) -> None:
         if depth < 0:
@@ -39,6 +41,8 @@ class FixedBatchDepth:
 class BatchSizeSchedule:
     """A depth per batch-size range: spec ``"1-2=4,3-8=2,9-64=0"`` (ranges inclusive; a batch size no range
     covers is refused)."""
+
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, spec: str) -> None:
         self.ranges: list[tuple[int, int, int]] = []
@@ -73,6 +77,7 @@ class CostModelBatch:
     (one token drafted to measure α̂ when no recent round drafted and the prior says plain)."""
 
     name = "costmodel"
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, profile: BatchCostProfile) -> None:
         self.profile = profile
@@ -88,6 +93,7 @@ class GoodputRule:
     request's α̂_r from its own recent rounds (arXiv 2406.14066); probes as :class:`CostModelBatch` does."""
 
     name = "goodput"
+    decision_seconds = RULE_DECISION_SECONDS
 
     def __init__(self, profile: BatchCostProfile) -> None:
         self.profile = profile
@@ -118,6 +124,10 @@ class SpeculationOff:
     def stepped(self) -> bool:
         return asks_each_step(self.inner)
 
+    @property
+    def decision_seconds(self) -> float | None:
+        return getattr(self.inner, "decision_seconds", None)
+
     def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
         return continues(self.inner, state, step)
 
@@ -137,6 +147,10 @@ class CappedBySchedule:
     @property
     def stepped(self) -> bool:
         return asks_each_step(self.inner)
+
+    @property
+    def decision_seconds(self) -> float | None:
+        return getattr(self.inner, "decision_seconds", None)
 
     def should_continue(self, state: BatchState, step: BatchDraftStep) -> bool:
         return continues(self.inner, state, step)

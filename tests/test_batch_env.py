@@ -83,7 +83,7 @@ def test_a_load_aware_policy_learns_to_draft_alone_and_not_in_a_full_batch(trace
     (short) matches the per-load best within a few percent at both; the saved policy loads by folder."""
     profile = synthetic_profile({1: 0.5, 8: 60.0})
     ppo = PPOConfig(timesteps=6144, n_steps=1024, batch_size=256, gamma=0.9)
-    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4)
+    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, decision_ms=0.0)
     assert evaluation["1"]["best static depth"] > 0 == evaluation["8"]["best static depth"]
     for load in ("1", "8"):
         assert evaluation[load]["learned over best static"] > 0.95, evaluation
@@ -131,7 +131,7 @@ def test_training_several_seeds_keeps_the_one_best_at_its_worst_load(traces, tmp
     profile = synthetic_profile({1: 0.5, 8: 60.0})
     ppo = PPOConfig(timesteps=1024, n_steps=512, batch_size=256, gamma=0.9)
     out = tmp_path / "run"
-    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, (0, 1), (1, 8), max_depth=4)
+    policy, chosen, judged = train_best_of_seeds(traces, profile, out, ppo, (0, 1), (1, 8), max_depth=4, decision_ms=0.0)
     assert chosen == max((0, 1), key=lambda seed: worst_load_ratio(judged[seed]))
     assert worst_load_ratio(judged[chosen]) == min(row["learned over best static"] for row in judged[chosen].values())
     assert json.loads((out / "evaluation.json").read_text()) == judged[chosen]
@@ -209,6 +209,30 @@ def test_a_fixed_request_stream_replays_as_a_load_test_sends_it(traces, target, 
         env.reset(options={"load": 2, "requests": [0, 5]})
 
 
+def test_replay_charges_each_decision_of_a_learned_policy_and_none_of_a_rule(traces):
+    """With decision_ms, a round costs its profile time plus that much per decision asked: one per round of a
+    depth-picking agent, one per ask of a per-step agent (before its first step and after each step below the
+    bound), a judged policy's asks as the live decoder makes them, nothing for a rule or the schedule."""
+    profile = synthetic_profile({1: 1.0, 8: 20.0})
+    env = BatchReplayEnv(traces, profile, loads=(1,), switch_prob=0.0, max_depth=4, decision_ms=5.0)
+    env.reset(seed=0)
+    assert env.step(3)[4]["seconds"] * 1e3 == pytest.approx(profile.round_ms(1, 3) + 5.0)
+    env.step(env.policy_depth(FixedBatchDepth(3)))
+    assert env.step(env.policy_depth(BatchSizeSchedule("1-8=2")))[4]["seconds"] * 1e3 == pytest.approx(profile.round_ms(1, 2))
+    stepped = StopWhenUnsure(bound=4, threshold=2.0)  # never sure: stops after the first step, asked twice
+    assert env.step(env.policy_depth(stepped))[4]["seconds"] * 1e3 == pytest.approx(profile.round_ms(1, 1) + 2 * 5.0)
+    capped = make_batch_policy("capped:1-8=3:static:3")
+    assert env.step(env.policy_depth(capped))[4]["seconds"] * 1e3 == pytest.approx(profile.round_ms(1, 3))
+    per_step = BatchReplayEnv(traces, profile, loads=(1,), switch_prob=0.0, max_depth=4, stepwise=True, decision_ms=5.0)
+    per_step.reset(seed=0)
+    per_step.step(1)
+    per_step.step(1)
+    *_, info = per_step.step(0)  # drafted 2, then verified: asked three times
+    assert info["depth"] == 2 and info["seconds"] * 1e3 == pytest.approx(profile.round_ms(1, 2) + 3 * 5.0)
+    with pytest.raises(ValueError, match="decision_ms must be >= 0"):
+        BatchReplayEnv(traces, profile, loads=(1,), decision_ms=-1.0)
+
+
 def test_a_policy_trained_inside_the_schedule_never_drafts_deeper_than_it(traces, tmp_path):
     """The environment's cap clamps each action to the schedule's depth at the batch size; PPO trained so is
     saved with its cap, which loading by folder applies: in replay it never drafts deeper than the schedule."""
@@ -220,7 +244,7 @@ def test_a_policy_trained_inside_the_schedule_never_drafts_deeper_than_it(traces
         size = len(env.batch)
         assert env.step(action)[-1]["depth"] == min(action, 2 if size < 8 else 0)
     ppo = PPOConfig(timesteps=2048, n_steps=1024, batch_size=256, gamma=0.9)
-    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, cap_at_schedule=True)
+    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, cap_at_schedule=True, decision_ms=0.0)
     limits = best_static_schedule(evaluation, 8)
     assert policy.name == f"capped:{limits.spec}:learned-batch:run" == make_batch_policy(str(tmp_path / "run")).name
     for load in (1, 8):
@@ -305,7 +329,7 @@ def test_a_stepped_policy_learns_to_draft_alone_and_not_in_a_full_batch_and_load
     of version 1 (the kept one) still loads as a per-round policy."""
     profile = synthetic_profile({1: 0.5, 8: 60.0})
     ppo = PPOConfig(timesteps=8192, n_steps=1024, batch_size=256, gamma=1.0)
-    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, stepwise=True)
+    policy, evaluation = train_batch_policy(traces, profile, tmp_path / "run", ppo, (1, 8), max_depth=4, stepwise=True, decision_ms=0.0)
     for load in ("1", "8"):
         assert evaluation[load]["learned over best static"] > 0.95, evaluation
     saved = json.loads((tmp_path / "run" / "policy.json").read_text())

@@ -276,5 +276,8 @@ def test_train_batch_prints_the_schedule_and_a_capped_spec_that_loads(tmp_path):
     schedule = result.stdout.split("best static depths: schedule:")[1].split()[0]
     assert capped == f"capped:{schedule}:{out}"
     assert make_batch_policy(capped).name == f"capped:{schedule}:learned-batch:batch"
+    assert json.loads((out / "policy.json").read_text())["decision_ms"] == 0.25  # the default charge per decision, kept with the policy
     bad = run("train-batch", *args, "--seeds", "0")
     assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
+    negative = run("train-batch", *args, "--decision-ms", "-1", "--out", str(tmp_path / "negative"))
+    assert negative.returncode == 2 and "decision_ms must be >= 0 milliseconds per decision, got -1.0" in negative.stderr

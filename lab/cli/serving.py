@@ -13,7 +13,7 @@ from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from envs.factory import default_traces
 from lab import live_protocol
-from lab.batch_training import CAPPED, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
+from lab.batch_training import CAPPED, DEFAULT_DECISION_MS, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
@@ -161,7 +161,19 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     extra = {"traces": str(path), "batch_profile": args.batch_profile}
     seeds = list(range(args.seed, args.seed + args.seeds))
     policy, chosen, judged = train_best_of_seeds(
-        traces, profile, out, ppo, seeds, loads, args.max_depth, args.switch_prob, extra, args.slo_tpot_ms, args.cap_at_schedule, args.per_step
+        traces,
+        profile,
+        out,
+        ppo,
+        seeds,
+        loads,
+        args.max_depth,
+        args.switch_prob,
+        extra,
+        args.slo_tpot_ms,
+        args.cap_at_schedule,
+        args.per_step,
+        args.decision_ms,
     )
     measure = "throughput" if args.slo_tpot_ms is None else f"goodput at {args.slo_tpot_ms:g} ms per token"
     print(f"replay on {path}: each policy's {measure} over plain batched decoding's throughput, per load")
@@ -264,6 +276,13 @@ def register(commands) -> None:
         action="store_true",
         help="decide before each draft step whether the whole batch drafts one more token, seeing the draft's top-1 probabilities so far "
         "(observation version 2), instead of one depth as the round starts",
+    )
+    train.add_argument(
+        "--decision-ms",
+        type=float,
+        default=DEFAULT_DECISION_MS,
+        help=f"milliseconds each decision of the learned policy costs a round in replay (per round, or per step asked; default {DEFAULT_DECISION_MS:g}: "
+        "measured live, the load test's policy µs/round; 0 charges nothing)",
     )
     train.add_argument("--out", help="policy folder (default runs/batch-DATE)")
     train.set_defaults(func=cmd_train_batch)
