@@ -49,13 +49,17 @@ def run_ratios(mine: list[dict], base: list[dict], slo_tpot_ms: float, resamples
     """Goodput and ITL p95 of each run of ``mine`` over those of the run of ``base`` at the same position (the
     same repeat): per metric (geometric mean, low, high), the interval a 95 % bootstrap over the pairs."""
     pairs = [(summary(a["rows"], a["wall"], slo_tpot_ms), summary(b["rows"], b["wall"], slo_tpot_ms)) for a, b in zip(mine, base)]
-    logs = {
-        "goodput": np.log([a["goodput"] / b["goodput"] for a, b in pairs]),
-        "itl_p95": np.log([a["itl_ms"]["p95"] / b["itl_ms"]["p95"] for a, b in pairs]),
+    ratios = {
+        "goodput": np.array([a["goodput"] / b["goodput"] if b["goodput"] > 0 else np.nan for a, b in pairs]),
+        "itl_p95": np.array([a["itl_ms"]["p95"] / b["itl_ms"]["p95"] for a, b in pairs]),
     }
     picks = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
     out = {}
-    for metric, values in logs.items():
+    for metric, ratio in ratios.items():
+        if not np.all(ratio > 0):  # a run whose goodput is 0 (every request over the TPOT target): no ratio of runs
+            out[metric] = (float("nan"), float("nan"), float("nan"))
+            continue
+        values = np.log(ratio)
         low, high = np.exp(np.percentile(values[picks].mean(axis=1), [2.5, 97.5]))
         out[metric] = (float(np.exp(values.mean())), float(low), float(high))
     return out
