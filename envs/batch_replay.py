@@ -18,14 +18,14 @@ target: SmartSpec's goodput objective (arXiv 2406.14066) with a latency bound.
 A learned policy's decisions take time live (its observation and forward; per step, the draft's top-1
 probabilities too: the load test's "policy µs/round"). With ``decision_ms`` each round is charged that many
 milliseconds per decision — per round the agent's one, per step each time it is asked; a judged policy's as
-:meth:`BatchReplayEnv.policy_depth` asks it, nothing for rules (:func:`charges_decisions`) — as the single-request
+:meth:`BatchReplayEnv.play` asks it, nothing for rules (:func:`charges_decisions`) — as the single-request
 environments charge ``decision_seconds``: a stop that saves less than the decisions cost does not pay.
 
 With a ``cap`` (a batch policy, e.g. a per-batch-size schedule), an action deeper than the cap's depth runs at
 the cap's depth: a policy trained so never drafts deeper than the cap and learns where to draft less.
 For judging, :meth:`BatchReplayEnv.oracle_depth` is the replay-only myopic oracle (each round's best depth,
 knowing every request's match length), and :meth:`BatchReplayEnv.policy_depth` plays any batch policy's
-round, a stepped one's per-step answers included. Observation: :mod:`adaptive.batch_observation`. Episodes
+round, a stepped one's per-step answers included (:meth:`BatchReplayEnv.play` plays that round). Observation: :mod:`adaptive.batch_observation`. Episodes
 last ``rounds`` rounds (truncated; the load and the requests carry on across resets only through the random
 generator). ``reset(options={"load": c, "requests": [...]})`` replays a fixed stream instead, as a load test
 sends it: closed-loop clients take the given trace indices in order, and the episode ends (terminated) when the
@@ -110,8 +110,6 @@ class BatchReplayEnv(gym.Env):
         """Per step: tokens drafted in the round under way."""
         self._asked = 0
         """Per step: decisions asked of the agent in the round under way."""
-        self._judged_decisions: int | None = None
-        """Decisions :meth:`policy_depth` counted for the coming round (None: the agent's own)."""
         self._offsets = traces.offsets.tolist()
         self.concurrency = loads[0]
         self.batch: list[_Request] = []
@@ -147,18 +145,27 @@ class BatchReplayEnv(gym.Env):
 
     def policy_depth(self, policy: BatchPolicy) -> int:
         """The depth ``policy`` plays this round: its :meth:`~adaptive.policy.BatchPolicy.depth`, cut where a
-        stepped policy stops after a draft step, as the live decoder asks it. The next :meth:`step` charges the
-        decisions asked (a learned policy's; :func:`charges_decisions`)."""
+        stepped policy stops after a draft step, as the live decoder asks it."""
+        return self._policy_round(policy)[0]
+
+    def play(self, policy: BatchPolicy) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """One round (per-round mode) as ``policy`` plays it (:meth:`policy_depth`), charged the decisions asked of
+        it where it is a learned policy (:func:`charges_decisions`): what :meth:`step` returns."""
+        if self.stepwise:
+            raise ValueError("play judges a policy a round at a time: use an environment made with stepwise=False")
+        depth, asked = self._policy_round(policy)
+        return self._play(self._allowed(depth), asked if charges_decisions(policy) else 0)
+
+    def _policy_round(self, policy: BatchPolicy) -> tuple[int, int]:
+        """The depth ``policy`` plays this round and the decisions the live decoder asks of it on the way."""
         state = self.state()
-        depth, asked = policy.depth(state), 1
+        depth = policy.depth(state)
         if asks_each_step(policy):
             for drafted in range(1, depth):
-                asked += 1
                 if not policy.should_continue(state, self.draft_step(drafted)):
-                    depth = drafted
-                    break
-        self._judged_decisions = asked if charges_decisions(policy) else 0
-        return depth
+                    return drafted, drafted + 1
+            return depth, max(depth, 1)
+        return depth, 1
 
     def oracle_depth(self, cap: int) -> int:
         """Replay only, the myopic oracle: of depths 0..``cap``, the one whose round emits the most tokens per
@@ -173,13 +180,13 @@ class BatchReplayEnv(gym.Env):
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
         if self.stepwise:
             return self._decide_step(int(action))
-        depth = int(action)
+        return self._play(self._allowed(int(action)), 1)
+
+    def _allowed(self, depth: int) -> int:
+        """``depth`` checked, and cut at the cap's depth where there is a cap."""
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"depth must lie in 0..{self.max_depth}, got {depth}")
-        if self.cap is not None:
-            depth = min(depth, self.cap.depth(self.state()))
-        decisions, self._judged_decisions = (1 if self._judged_decisions is None else self._judged_decisions), None
-        return self._play(depth, decisions)
+        return depth if self.cap is None else min(depth, self.cap.depth(self.state()))
 
     def _decide_step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Per step: draft one more token (1) or verify now (0); the round is played once verified."""

@@ -90,7 +90,7 @@ def replay_load(env: BatchReplayEnv, policy: BatchPolicy, load: int, rounds: int
     emitted = counted = seconds = plain = 0.0
     gaps: list[float] = []
     for _ in range(rounds if requests is None else 10**9):
-        _, _, finished, _, info = env.step(env.policy_depth(policy))
+        _, _, finished, _, info = env.play(policy)
         emitted += info["emitted"]
         counted += info["counted"]
         seconds += info["seconds"]
