@@ -23,7 +23,7 @@ confirmed token but the last, the draft at most that many.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -128,6 +128,8 @@ class BatchedSpeculativeDecoder:
         max_batch: requests decoded at once; more wait in the queue.
         eos_token_id: stop token(s); default from the target's generation config.
         correction: the rule used at a rejection; keep the default (exact residual) except to audit.
+        clock: what its timings read (seconds); default the wall clock, after queued GPU work. A load test that
+            lets decoders take turns gives each one a clock that runs only in its own turns.
 
     Example:
         >>> decoder = BatchedSpeculativeDecoder(target, draft, FixedBatchDepth(3), max_batch=8)  # doctest: +SKIP
@@ -146,6 +148,7 @@ class BatchedSpeculativeDecoder:
         max_batch: int = 8,
         eos_token_id: int | Sequence[int] | None = None,
         correction: CorrectionRule = residual_correction,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(draft, PreTrainedModel | Eagle3Head):
             raise ValueError(f"batched decoding drafts with a standalone draft model (a transformers causal LM) or an EAGLE-3 head, got {type(draft).__name__}")
@@ -159,7 +162,7 @@ class BatchedSpeculativeDecoder:
         self.max_depth, self.max_batch = max_depth, max_batch
         self.eos = eos_token_ids(target, eos_token_id)
         self.correction = correction
-        self.clock = Clock(target.device)
+        self.clock = clock if clock is not None else Clock(target.device)
         self.queue: deque[Request] = deque()
         self.batch: list[Request] = []
         """Requests decoding now; request ``batch[b]`` owns row b of both caches."""

@@ -17,7 +17,8 @@ import hashlib
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,36 @@ def wait_while_paused(path: Path, sleep: Callable[[float], None] = time.sleep, s
     waited = time.perf_counter() - start
     say(f"resumed after {waited:.0f} s")
     return waited
+
+
+class TurnClock:
+    """A clock that runs only during its owner's turns (``with clock.turn(): ...``), from 0 at the first.
+
+    Decoders that take turns on one machine, each reading its own such clock, each see the time of their own
+    work only; a change of host speed slower than a turn reaches all of them alike instead of whichever ran
+    in that spell."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._elapsed = 0.0
+        """Seconds of the turns taken so far."""
+        self._since: float | None = None
+        """When the current turn started (None between turns)."""
+
+    def __call__(self) -> float:
+        return self._elapsed + (self._clock() - self._since if self._since is not None else 0.0)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Run the clock for the duration of the block."""
+        if self._since is not None:
+            raise RuntimeError("this clock's turn is already running")
+        self._since = self._clock()
+        try:
+            yield
+        finally:
+            self._elapsed += self._clock() - self._since
+            self._since = None
 
 
 def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_depth: int) -> dict[str, Callable[[], object]]:

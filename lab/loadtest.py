@@ -7,7 +7,9 @@ Per request: TTFT (submission to first token, queueing included), TPOT (time per
 first: (last − first token) / (tokens − 1)), inter-token gaps (tokens of one round arrive together: the
 gaps inside a round are 0), end-to-end latency. Goodput counts the tokens of requests whose TPOT meets the
 target (``slo_tpot_ms``), per second of the run. Each policy runs on the same requests in the same order;
-with repeats, the order of policies rotates. A policy's gain over plain batched decoding is the ratio of
+with repeats, the order of policies rotates. Interleaved (``LoadTestSettings.interleave``), a repeat's policies
+run at once, one round each in turn, each on a clock that runs only in its own turns, so that host-speed drift
+reaches them alike. A policy's gain over plain batched decoding is the ratio of
 their throughputs, with a 95 % paired-bootstrap interval over requests (tokens and end-to-end seconds of
 each request, as :func:`lab.evaluation.paired_ratio` pairs them).
 """
@@ -26,6 +28,7 @@ from tqdm import tqdm
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder, RequestResult
 from adaptive.divergence import first_divergence
+from adaptive.generation import Clock
 from adaptive.pair import ModelPair
 from adaptive.policy import BatchPolicy
 from adaptive.profiling import hardware_description
@@ -34,6 +37,7 @@ from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from lab import live_protocol
 from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
+from lab.live_protocol import TurnClock
 from lab.memory import PeakMemory
 
 PERCENTILES = (50, 95, 99)
@@ -84,44 +88,95 @@ def mixed_prompts(pair: ModelPair, count: int, split: str = "test") -> list[tupl
     return [(row["lang"], chat_ids(pair.tokenizer, row["prompt"])) for row in mixed_prompt_rows(count, split)]
 
 
+RoundRecord = tuple[int, int, float, float, float, int]
+"""A round of a load test: batch size, depth, policy seconds (its decisions, per round and per draft step), seconds
+in all (policy, draft and verification), seconds admitting requests before it (their prefill) and drafted tokens
+accepted (summed over its requests)."""
+
+
+class LoadRun:
+    """``decoder`` driven with ``prompts`` (request i is prompt i) under ``load``, one round per :meth:`advance`,
+    so that several runs can take turns (:func:`run_interleaved`); :func:`run_load` runs one to its end."""
+
+    def __init__(self, decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0) -> None:
+        self.decoder, self.prompts, self.load, self.max_new_tokens, self.seed = decoder, prompts, load, max_new_tokens, seed
+        self.start = decoder.clock()
+        self.arrivals = None
+        if load.rate is not None:
+            self.arrivals = list(self.start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
+        self.submitted: list[int] = []
+        self.rounds: list[RoundRecord] = []
+        self.finished = False
+
+    def _submit(self, at: float | None = None) -> None:
+        index = len(self.submitted)
+        self.submitted.append(self.decoder.submit(self.prompts[index], self.max_new_tokens, seed=self.seed + index, at=at))
+
+    def advance(self) -> bool:
+        """Submit the requests due, then decode one round (waiting first for the next arrival when nothing is
+        decoding); False once every request has finished."""
+        decoder, clock, load = self.decoder, self.decoder.clock, self.load
+        while not self.finished:
+            now = clock()
+            open_for_more = load.duration is None or now - self.start < load.duration
+            more = open_for_more and len(self.submitted) < len(self.prompts)
+            if self.arrivals is None:
+                while more and len(decoder.queue) + len(decoder.batch) < load.concurrency:
+                    self._submit()
+                    more = len(self.submitted) < len(self.prompts)
+            else:
+                while more and self.arrivals[len(self.submitted)] <= now:
+                    self._submit(at=self.arrivals[len(self.submitted)])
+                    more = len(self.submitted) < len(self.prompts)
+                if decoder.idle and more:
+                    time.sleep(max(0.0, self.arrivals[len(self.submitted)] - clock()))
+                    continue
+            if decoder.idle:
+                self.finished = True
+                break
+            round_ = decoder.step()
+            if round_ is not None:
+                seconds = (round_.policy_time, round_.total_time - round_.admit_time, round_.admit_time)
+                self.rounds.append((len(round_.requests), round_.depth, *seconds, sum(round_.accepted)))
+                return True
+        return False
+
+    def outcome(self) -> tuple[list[RequestResult], float, list[RoundRecord]]:
+        """The finished requests in submission order, the run's seconds (first submission to last token) and
+        its rounds."""
+        results = [self.decoder.finished.pop(i) for i in self.submitted]
+        return results, max((r.token_times[-1] for r in results if r.token_times), default=self.start) - self.start, self.rounds
+
+
 def run_load(
     decoder: BatchedSpeculativeDecoder, prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
-) -> tuple[list[RequestResult], float, list[tuple[int, int, float, float, float, int]]]:
-    """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load``; returns the finished
-    requests in submission order, the run's wall seconds (first submission to last token) and each round's
-    batch size, depth, policy seconds (its decisions, per round and per draft step), seconds in all (policy, draft
-    and verification), seconds admitting requests before it (their prefill) and drafted tokens accepted (summed over
-    its requests)."""
-    clock, start = decoder.clock, decoder.clock()
-    arrivals = None
-    if load.rate is not None:
-        arrivals = list(start + np.cumsum(np.random.default_rng(seed).exponential(1.0 / load.rate, size=len(prompts))))
-    submitted: list[int] = []
-    rounds: list[tuple[int, int, float, float, float, int]] = []
+) -> tuple[list[RequestResult], float, list[RoundRecord]]:
+    """Drive ``decoder`` with ``prompts`` (request i is prompt i) under ``load`` to the end: the finished
+    requests in submission order, the run's wall seconds (first submission to last token) and its rounds
+    (:data:`RoundRecord`)."""
+    run = LoadRun(decoder, prompts, load, max_new_tokens, seed)
+    while run.advance():
+        pass
+    return run.outcome()
 
-    def submit(index: int, at: float | None = None) -> None:
-        submitted.append(decoder.submit(prompts[index], max_new_tokens, seed=seed + index, at=at))
 
-    while True:
-        now = clock()
-        open_for_more = load.duration is None or now - start < load.duration
-        if arrivals is None:
-            while open_for_more and len(submitted) < len(prompts) and len(decoder.queue) + len(decoder.batch) < load.concurrency:
-                submit(len(submitted))
-        else:
-            while open_for_more and len(submitted) < len(prompts) and arrivals[len(submitted)] <= now:
-                submit(len(submitted), at=arrivals[len(submitted)])
-            if decoder.idle and open_for_more and len(submitted) < len(prompts):
-                time.sleep(max(0.0, arrivals[len(submitted)] - clock()))
-                continue
-        if decoder.idle:
-            break
-        round_ = decoder.step()
-        if round_ is not None:
-            seconds = (round_.policy_time, round_.total_time - round_.admit_time, round_.admit_time)
-            rounds.append((len(round_.requests), round_.depth, *seconds, sum(round_.accepted)))
-    results = [decoder.finished.pop(i) for i in submitted]
-    return results, max((r.token_times[-1] for r in results if r.token_times), default=start) - start, rounds
+def run_interleaved(
+    decoders: dict[str, BatchedSpeculativeDecoder], clocks: dict[str, TurnClock], prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
+) -> dict[str, tuple[list[RequestResult], float, list[RoundRecord]]]:
+    """The decoders (each reading its own :class:`~lab.live_protocol.TurnClock` from ``clocks``) under the same
+    load on the same requests, taking one round each in turn, in ``decoders``' order, until all have finished:
+    :func:`run_load`'s outcome per decoder, each timed on its own turns."""
+    runs = {}
+    for name, decoder in decoders.items():
+        with clocks[name].turn():
+            runs[name] = LoadRun(decoder, prompts, load, max_new_tokens, seed)
+    going = list(runs)
+    while going:
+        for name in list(going):
+            with clocks[name].turn():
+                if not runs[name].advance():
+                    going.remove(name)
+    return {name: runs[name].outcome() for name in decoders}
 
 
 def request_row(result: RequestResult, prompt: int, lang: str) -> dict:
@@ -173,6 +228,9 @@ class LoadTestSettings:
     seed: int = 0
     near_ties: bool = False
     """Check every greedy divergence from the baseline for a near-tie of the target (after the runs)."""
+    interleave: bool = False
+    """Run every policy of a repeat at once, taking rounds in turn, each timed on its own turns (its peak memory
+    is then theirs together), instead of one policy's run after another's."""
 
 
 def load_test(
@@ -184,7 +242,8 @@ def load_test(
     checkpoint: Path | None = None,
     identity: dict | None = None,
 ) -> dict:
-    """Every policy under every load, ``repeats`` times (policy order rotating), on the same requests.
+    """Every policy under every load, ``repeats`` times (policy order rotating), on the same requests: one
+    policy's run after another's, or with ``settings.interleave`` all at once, taking rounds in turn.
     Returns per load: per policy the runs' request rows, wall seconds and peak memory, and the summaries
     (per language and overall, over all repeats) with each policy's throughput ratio to the first policy.
 
@@ -211,16 +270,33 @@ def load_test(
         for load in settings.loads[len(out["loads"]) :]:
             runs: dict[str, list[dict]] = {name: [] for name in names}
             for repeat in range(settings.repeats):
-                for name in live_protocol.rotation(names, repeat):
+                order = live_protocol.rotation(names, repeat)
+                requests = [ids for _, ids in prompts[: load.requests]]
+                for group in [order] if settings.interleave else [[name] for name in order]:
                     live_protocol.wait_while_paused(pause)
-                    decoder = BatchedSpeculativeDecoder(
-                        pair.target, pair.draft, policies[name](), sampling, tokenizer=pair.tokenizer, max_depth=settings.max_depth, max_batch=load.batch
-                    )
+                    clocks = {name: TurnClock(Clock(pair.target.device)) for name in group} if settings.interleave else {}
+                    decoders = {
+                        name: BatchedSpeculativeDecoder(
+                            pair.target,
+                            pair.draft,
+                            policies[name](),
+                            sampling,
+                            tokenizer=pair.tokenizer,
+                            max_depth=settings.max_depth,
+                            max_batch=load.batch,
+                            clock=clocks.get(name),
+                        )
+                        for name in group
+                    }
                     with PeakMemory(pair.target.device) as peak:
-                        results, wall, rounds = run_load(decoder, [ids for _, ids in prompts[: load.requests]], load, settings.max_new_tokens, settings.seed)
-                    rows = [request_row(r, i, prompts[i][0]) for i, r in enumerate(results)]
-                    runs[name].append({"rows": rows, "wall": wall, "peak_mib": peak.mib, "rounds": [list(r) for r in rounds]})
-                    bar.update()
+                        if settings.interleave:
+                            outcomes = run_interleaved(decoders, clocks, requests, load, settings.max_new_tokens, settings.seed)
+                        else:
+                            outcomes = {name: run_load(decoder, requests, load, settings.max_new_tokens, settings.seed) for name, decoder in decoders.items()}
+                    for name, (results, wall, rounds) in outcomes.items():
+                        rows = [request_row(r, i, prompts[i][0]) for i, r in enumerate(results)]
+                        runs[name].append({"rows": rows, "wall": wall, "peak_mib": peak.mib, "rounds": [list(r) for r in rounds]})
+                        bar.update()
             summary_ = summarise_load(runs, names[0], settings.slo_tpot_ms)
             if settings.near_ties:
                 for name in names[1:]:

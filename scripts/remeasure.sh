@@ -240,6 +240,11 @@ fp32() {
   fi
   step load $A loadtest --pair $PAIR --dtype float32 --policy $KEEP/batch-step-fp32 --policy $KEEP/batch-rounds-fp32 --policy "$schedule" \
     --concurrency 1,2,4,8 --requests 16 --repeats 4 --out benchmarks/results/loadtests/fp32
+  # the same policies taking rounds in turn (--interleave: host drift reaches all alike), with the schedule twice (the
+  # second capped at itself: the same depths, an A/A control of what the interleaved measurement can tell apart)
+  step load-interleaved $A loadtest --pair $PAIR --dtype float32 --policy $KEEP/batch-rounds-fp32 --policy $KEEP/batch-step-fp32 \
+    --policy "$schedule" --policy "capped:${schedule#schedule:}:$schedule" --interleave \
+    --concurrency 1,2,4,8 --requests 16 --repeats 3 --out benchmarks/results/loadtests/fp32-interleaved
 }
 
 retarget() {

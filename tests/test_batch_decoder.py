@@ -374,6 +374,55 @@ def test_a_load_test_waits_between_runs_while_the_pause_file_exists(target, near
         assert sum(r[5] for run in runs for r in run["rounds"]) == accepted and (accepted > 0) == (name != "plain")
 
 
+def test_a_turn_clock_runs_only_in_its_turns():
+    from lab.live_protocol import TurnClock
+
+    now = [5.0]
+    clock = TurnClock(lambda: now[0])
+    assert clock() == 0.0
+    with clock.turn():
+        now[0] = 7.0
+        assert clock() == 2.0
+        with pytest.raises(RuntimeError, match="already running"), clock.turn():
+            pass
+    now[0] = 30.0  # another decoder's turn: not counted
+    assert clock() == 2.0
+    with clock.turn():
+        now[0] = 30.5
+    assert clock() == 2.5
+
+
+@pytest.mark.parametrize("load", ["closed", "poisson"])
+def test_interleaved_runs_decode_what_runs_one_after_another_decode_and_time_only_their_own_turns(target, near_draft, load):
+    """Decoders taking rounds in turn (each on its own turn clock) decode every request as when each runs alone, in
+    the same rounds; their runs' seconds add up to no more than the whole interleaved run took."""
+    import time
+
+    from adaptive.generation import Clock
+    from lab.live_protocol import TurnClock
+    from lab.loadtest import Load, run_interleaved, run_load
+
+    shape = Load(5, concurrency=2) if load == "closed" else Load(5, rate=400.0, max_batch=3)
+    specs = ("plain", "static:2", "schedule:1-1=3,2-8=1")
+
+    def decoder(spec: str, clock=None) -> BatchedSpeculativeDecoder:
+        return BatchedSpeculativeDecoder(target, near_draft, make_batch_policy(spec), max_depth=4, max_batch=shape.batch, clock=clock)
+
+    alone = {spec: run_load(decoder(spec), PROMPTS[:5], shape, 8, seed=3) for spec in specs}
+    clocks = {spec: TurnClock(Clock(target.device)) for spec in specs}
+    start = time.perf_counter()
+    together = run_interleaved({spec: decoder(spec, clocks[spec]) for spec in specs}, clocks, PROMPTS[:5], shape, 8, seed=3)
+    elapsed = time.perf_counter() - start
+    assert list(together) == list(specs)
+    for spec in specs:
+        (one, _, one_rounds), (other, _, other_rounds) = alone[spec], together[spec]
+        assert [r.token_ids for r in one] == [r.token_ids for r in other] and all(r.token_ids for r in one)
+        if load == "closed":  # Poisson arrivals land on other rounds when the rounds take other times
+            assert [(r[0], r[1], r[5]) for r in one_rounds] == [(r[0], r[1], r[5]) for r in other_rounds]
+    walls = [wall for _, wall, _ in together.values()]
+    assert min(walls) > 0 and sum(walls) <= elapsed
+
+
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
     """Each finished load is kept in the checkpoint; a rerun measures only the loads that are missing (one cut short
     by a kill included) and gives the finished ones back as measured; another identity is refused."""

@@ -211,9 +211,11 @@ def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folder
     assert "### concurrency 2 (6 requests)" in result.stdout and (out / "report.md").is_file() and (out / "load.png").is_file()
     assert not list(out.glob("*.partial.jsonl"))  # the checkpoint of finished loads goes once the result is written
     assert "depth by batch size" in result.stdout and "2:2" in result.stdout
-    rated = run("loadtest", *pair, *common, "--rate", "200", "--max-batch", "4", "--out", str(tmp_path / "rate"))
+    rated = run("loadtest", *pair, *common, "--rate", "200", "--max-batch", "4", "--interleave", "--out", str(tmp_path / "rate"))
     assert rated.returncode == 0, rated.stderr
     assert "### rate 200/s" in rated.stdout
+    interleaved = json.loads((tmp_path / "rate" / "result.json").read_text())  # the policies took rounds in turn
+    assert interleaved["settings"]["interleave"] and all(e["divergent_requests"] == 0 for e in interleaved["loads"]["rate 200/s"]["summary"].values())
     neither = run("loadtest", *pair, "--requests", "2")
     assert neither.returncode == 2 and "give --concurrency" in neither.stderr
     bad = run("loadtest", *pair, "--policy", "fast", "--concurrency", "1")

@@ -117,7 +117,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     closed = tuple(Load(args.requests, concurrency=c, duration=args.duration) for c in args.concurrency or ())
     loads = closed + tuple(Load(args.requests, rate=r, duration=args.duration, max_batch=args.max_batch) for r in args.rate or ())
     near_ties = args.temperature == 0 and args.near_ties
-    settings = LoadTestSettings(loads, args.max_new_tokens, args.max_depth, args.repeats, args.slo_tpot_ms, args.seed, near_ties)
+    settings = LoadTestSettings(loads, args.max_new_tokens, args.max_depth, args.repeats, args.slo_tpot_ms, args.seed, near_ties, args.interleave)
     pair = pair_from_arguments(args)
     prompts = mixed_prompts(pair, args.requests, args.split)
     sampling = SamplingConfig(args.temperature)
@@ -229,6 +229,12 @@ def register(commands) -> None:
     load.add_argument("--max-depth", type=int, default=8, help="cap on drafted tokens per round")
     load.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     load.add_argument("--repeats", type=int, default=1, help="runs per policy and load, policy order rotating (default 1)")
+    load.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run the policies of a repeat at once, one round each in turn, each timed only in its own turns: a change of host "
+        "speed reaches every policy alike (for differences smaller than the host's drift between runs; peak memory is then theirs together)",
+    )
     load.add_argument("--slo-tpot-ms", type=float, default=100.0, help="goodput counts requests at or under this time per output token (default 100 ms)")
     load.add_argument("--split", default="test", choices=["train", "val", "test"])
     load.add_argument(
