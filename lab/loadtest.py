@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -164,14 +165,16 @@ def run_interleaved(
     decoders: dict[str, BatchedSpeculativeDecoder], clocks: dict[str, TurnClock], prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
 ) -> dict[str, tuple[list[RequestResult], float, list[RoundRecord]]]:
     """The decoders (each reading its own :class:`~lab.live_protocol.TurnClock` from ``clocks``) under the same
-    load on the same requests, taking one round each in turn, in ``decoders``' order, until all have finished:
-    :func:`run_load`'s outcome per decoder, each timed on its own turns."""
+    load on the same requests, taking one round each in turn until all have finished: :func:`run_load`'s outcome
+    per decoder, each timed on its own turns. The order of turns is shuffled in every lap (seeded by ``seed``), so
+    that no decoder always follows the same one (a round leaves the caches as its decoder used them)."""
     runs = {}
     for name, decoder in decoders.items():
         with clocks[name].turn():
             runs[name] = LoadRun(decoder, prompts, load, max_new_tokens, seed)
-    going = list(runs)
+    going, order = list(runs), random.Random(seed)
     while going:
+        order.shuffle(going)
         for name in list(going):
             with clocks[name].turn():
                 if not runs[name].advance():

@@ -394,8 +394,9 @@ def test_a_turn_clock_runs_only_in_its_turns():
 
 @pytest.mark.parametrize("load", ["closed", "poisson"])
 def test_interleaved_runs_decode_what_runs_one_after_another_decode_and_time_only_their_own_turns(target, near_draft, load):
-    """Decoders taking rounds in turn (each on its own turn clock) decode every request as when each runs alone, in
-    the same rounds; their runs' seconds add up to no more than the whole interleaved run took."""
+    """Decoders taking rounds in turn (each on its own turn clock, in an order shuffled every lap) decode every request
+    as when each runs alone, in the same rounds; their runs' seconds add up to no more than the whole interleaved run
+    took."""
     import time
 
     from adaptive.generation import Clock
@@ -404,16 +405,30 @@ def test_interleaved_runs_decode_what_runs_one_after_another_decode_and_time_onl
 
     shape = Load(5, concurrency=2) if load == "closed" else Load(5, rate=400.0, max_batch=3)
     specs = ("plain", "static:2", "schedule:1-1=3,2-8=1")
+    turns: list[str] = []
+
+    class Logged:
+        """The policy of ``spec``, noting each round it decides."""
+
+        def __init__(self, spec: str) -> None:
+            self.inner, self.name = make_batch_policy(spec), spec
+
+        def depth(self, state: BatchState) -> int:
+            turns.append(self.name)
+            return self.inner.depth(state)
 
     def decoder(spec: str, clock=None) -> BatchedSpeculativeDecoder:
-        return BatchedSpeculativeDecoder(target, near_draft, make_batch_policy(spec), max_depth=4, max_batch=shape.batch, clock=clock)
+        return BatchedSpeculativeDecoder(target, near_draft, Logged(spec), max_depth=4, max_batch=shape.batch, clock=clock)
 
     alone = {spec: run_load(decoder(spec), PROMPTS[:5], shape, 8, seed=3) for spec in specs}
     clocks = {spec: TurnClock(Clock(target.device)) for spec in specs}
+    turns.clear()
     start = time.perf_counter()
     together = run_interleaved({spec: decoder(spec, clocks[spec]) for spec in specs}, clocks, PROMPTS[:5], shape, 8, seed=3)
     elapsed = time.perf_counter() - start
     assert list(together) == list(specs)
+    laps = [tuple(turns[i : i + len(specs)]) for i in range(0, 6 * len(specs), len(specs))]  # all three decode the first six laps
+    assert all(sorted(lap) == sorted(specs) for lap in laps) and len(set(laps)) > 1  # each lap, each once, in changing order
     for spec in specs:
         (one, _, one_rounds), (other, _, other_rounds) = alone[spec], together[spec]
         assert [r.token_ids for r in one] == [r.token_ids for r in other] and all(r.token_ids for r in one)
