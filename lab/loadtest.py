@@ -168,10 +168,7 @@ def run_interleaved(
     load on the same requests, taking one round each in turn until all have finished: :func:`run_load`'s outcome
     per decoder, each timed on its own turns. The order of turns is shuffled in every lap (seeded by ``seed``), so
     that no decoder always follows the same one (a round leaves the caches as its decoder used them)."""
-    runs = {}
-    for name, decoder in decoders.items():
-        with clocks[name].turn():
-            runs[name] = LoadRun(decoder, prompts, load, max_new_tokens, seed)
+    runs = {name: LoadRun(decoder, prompts, load, max_new_tokens, seed) for name, decoder in decoders.items()}
     going, order = list(runs), random.Random(seed)
     while going:
         order.shuffle(going)
@@ -272,9 +269,9 @@ def load_test(
     with tqdm(total=total, initial=len(out["loads"]) * settings.repeats * len(names), desc="load test", unit="run") as bar:
         for load in settings.loads[len(out["loads"]) :]:
             runs: dict[str, list[dict]] = {name: [] for name in names}
+            requests = [ids for _, ids in prompts[: load.requests]]
             for repeat in range(settings.repeats):
                 order = live_protocol.rotation(names, repeat)
-                requests = [ids for _, ids in prompts[: load.requests]]
                 for group in [order] if settings.interleave else [[name] for name in order]:
                     live_protocol.wait_while_paused(pause)
                     clocks = {name: TurnClock(Clock(pair.target.device)) for name in group} if settings.interleave else {}
