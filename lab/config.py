@@ -181,8 +181,8 @@ class ExperimentConfig:
     def validate(self) -> None:
         if not self.name or "/" in self.name:
             raise ConfigError(f"name must be a non-empty string without '/', got {self.name!r}")
-        if self.init_from is not None and not (Path(self.init_from) / "checkpoints").is_dir():
-            raise ConfigError(f"init_from must be a training run folder with checkpoints/, got {self.init_from!r}")
+        if self.init_from is not None and not ((Path(self.init_from) / "checkpoints").is_dir() and (Path(self.init_from) / "state.json").is_file()):
+            raise ConfigError(f"init_from must be a training run folder (with state.json and checkpoints/), got {self.init_from!r}")
         _one_of("dtype", self.dtype, DTYPE_CHOICES)
         _at_least("checkpoint_every", self.checkpoint_every, 1)
         _at_least("eval_episodes", self.eval_episodes, 1)

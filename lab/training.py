@@ -5,10 +5,11 @@ env, then the size policy with the depth policy frozen (its first phase with ran
 ``cotraining.rounds`` rounds. Without ``cotraining.train_size`` only the depth policy is trained (every
 drafted token is verified).
 
-A run folder holds ``config.yaml`` (resolved), ``state.json`` and ``checkpoints/`` (SB3 zips: resuming
-only, they unpickle), ``metrics.csv`` (one row per rollout), ``evaluation.json``, ``plots/`` and ``final/``
-(the exported policy: ``policy.safetensors`` + ``policy.json``). ``train(..., resume=True)`` continues a
-killed run from its last checkpoint.
+A run folder holds ``config.yaml`` (written first, then resolved), ``state.json`` (where training stands and
+which ``checkpoints/PHASE-STEP/`` folder holds its models, in :mod:`lab.ppo`'s format: nothing unpickles),
+``metrics.csv`` (one row per rollout), ``evaluation.json``, ``plots/`` and ``final/``
+(the exported policy: ``policy.safetensors`` + ``policy.json``). :func:`resume` continues a killed run from its
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +31,16 @@ from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from adaptive.costmodel import throughput_speedup
+from adaptive.files import UnreadableFile, read_json
 from adaptive.learned_policy import LearnedPolicy, save_policy
 from adaptive.policy import DraftPolicy
 from adaptive.tree_traces import TreeTraceSet
 from envs.factory import default_traces
 from envs.synthetic import SYNTHETIC_STEP_SECONDS, SyntheticBackend
-from lab.config import ExperimentConfig, config_from_dict
-from lab.environments import evaluate, make_env, resolve_profile, run_profile
+from lab.config import ExperimentConfig, load_config
+from lab.environments import AUTO, evaluate, make_env, resolve_profile, run_profile
 from lab.plots import plot_training
-from lab.ppo import export_sb3, load_ppo, new_ppo
+from lab.ppo import export_sb3, load_state, new_ppo, save_state
 from lab.tracking import Tracker
 from policies.baselines import RandomDepth
 
@@ -164,15 +167,20 @@ class TrainingRun:
         self.tracker.log({f"{row['decision']}/{k}": v for k, v in row.items() if k not in ("decision",)})
 
     def checkpoint(self, phase_index: int, done: int) -> None:
-        """Save every model and where training stands (atomically: a kill leaves the previous one intact)."""
+        """Save every model and where training stands: a new ``checkpoints/PHASE-STEP/`` folder, then ``state.json``
+        naming it (replaced atomically, so a kill at any moment leaves a complete checkpoint named), then the older
+        folders go."""
         directory = self.folder / "checkpoints"
-        directory.mkdir(exist_ok=True)
+        current = directory / f"{phase_index}-{done}"
+        shutil.rmtree(current, ignore_errors=True)
         for decision, model in self.models.items():
-            model.save(directory / f"{decision}.tmp.zip")
-            os.replace(directory / f"{decision}.tmp.zip", directory / f"{decision}.zip")
-        state = {"phase": phase_index, "done": done, "models": sorted(self.models)}
+            save_state(model, current, decision)
+        state = {"phase": phase_index, "done": done, "models": sorted(self.models), "checkpoint": current.name}
         (self.folder / "state.tmp.json").write_text(json.dumps(state))
         os.replace(self.folder / "state.tmp.json", self.folder / "state.json")
+        for old in directory.iterdir():
+            if old != current:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
 
     # --- policies --------------------------------------------------------------------------------------
 
@@ -229,7 +237,8 @@ class TrainingRun:
             if phase.decision in self.models:
                 self.models[phase.decision].set_env(env)
             elif self.config.init_from:
-                self.models[phase.decision] = load_ppo(settings, Path(self.config.init_from) / "checkpoints" / f"{phase.decision}.zip", env)
+                start = checkpoint_folder(Path(self.config.init_from))
+                self.models[phase.decision] = load_state(settings, start, phase.decision, env, self.config.seed + index, counters=False)
             else:
                 self.models[phase.decision] = new_ppo(settings, env, self.config.seed + index)
             done = start_done if index == start_phase else 0
@@ -254,31 +263,60 @@ class TrainingRun:
         return final
 
 
+def checkpoint_folder(run: Path) -> Path:
+    """The folder of a run's newest checkpoint (after training: its final models), as ``state.json`` names it."""
+    state = read_json(run / "state.json", "training run state")
+    name = state.get("checkpoint")
+    if not isinstance(name, str) or "/" in name or not (run / "checkpoints" / name).is_dir():
+        raise UnreadableFile(f"{run / 'state.json'} names no checkpoint folder of this run (found {name!r}); was it written by an older version?")
+    return run / "checkpoints" / name
+
+
 def train(config: ExperimentConfig, folder: str | Path) -> Path:
-    """Train into a new run folder; returns the final policy folder. A profile ``auto`` is measured on this
-    machine first and kept in the folder (``config.yaml`` then names that file, so a resumed run uses it)."""
+    """Train into ``folder`` (new, or empty); returns the final policy folder. ``config.yaml`` is written at once,
+    so a run killed at any moment resumes; a profile ``auto`` is then measured on this machine and kept in the
+    folder (``config.yaml`` is rewritten to name that file, so a resumed run uses it)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=False)
-    resolve_profile(config, folder)
-    (folder / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    torch.manual_seed(config.seed)
-    run = TrainingRun(config, folder)
-    run.run_phases(0, 0)
-    return run.finish()
+    folder.mkdir(parents=True, exist_ok=True)
+    if any(folder.iterdir()):
+        raise ValueError(f"run folder {folder} is not empty: resume it (adaptive train --resume {folder}) or train into a new one")
+    _write_config(config, folder)
+    return _run(config, folder, {"phase": 0, "done": 0, "models": []})
 
 
 def resume(folder: str | Path) -> Path:
-    """Continue a killed run from its last checkpoint; returns the final policy folder."""
+    """Continue a killed run from its last checkpoint (or from its start, if it was killed before the first);
+    returns the final policy folder."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a training run folder (no such folder)")
     if not (folder / "config.yaml").is_file():
         raise ValueError(f"{folder} is not a training run folder (no config.yaml)")
-    config = config_from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
-    run = TrainingRun(config, folder)
-    state = json.loads((folder / "state.json").read_text()) if (folder / "state.json").is_file() else {"phase": 0, "done": 0, "models": []}
-    for decision in state["models"]:
-        run.models[decision] = PPO.load(folder / "checkpoints" / f"{decision}.zip", device="cpu")
+    config = load_config(folder / "config.yaml")
+    state = read_json(folder / "state.json", "training run state") if (folder / "state.json").is_file() else {"phase": 0, "done": 0, "models": []}
     _truncate_metrics(folder, state)
     log.info("resuming %s at phase %d, step %d", folder, state["phase"], state["done"])
+    return _run(config, folder, state)
+
+
+def _write_config(config: ExperimentConfig, folder: Path) -> None:
+    (folder / "config.tmp.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    os.replace(folder / "config.tmp.yaml", folder / "config.yaml")
+
+
+def _run(config: ExperimentConfig, folder: Path, state: dict) -> Path:
+    """Resolve an ``auto`` profile (measured now if it was not yet), restore the saved models, train on, finish."""
+    if config.env.profile == AUTO and config.env.backend != "synthetic":
+        resolve_profile(config, folder)
+        _write_config(config, folder)
+    torch.manual_seed(config.seed)
+    run = TrainingRun(config, folder)
+    if state["models"]:
+        saved = checkpoint_folder(folder)
+        settings = {"depth": config.depth_policy, "size": config.size_policy, "source": config.source_policy}
+        for decision in state["models"]:
+            env = make_env(config, decision, None, run.profile)
+            run.models[decision] = load_state(settings[decision], saved, decision, env, config.seed)
     run.run_phases(state["phase"], state["done"])
     return run.finish()
 

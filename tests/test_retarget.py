@@ -97,9 +97,11 @@ def test_a_continued_model_takes_the_new_configs_optimisation_settings(run):
     from dataclasses import replace
 
     from lab.environments import make_env
-    from lab.ppo import load_ppo
+    from lab.ppo import load_state
+    from lab.training import checkpoint_folder
 
     config = config_from_dict(replay_config("continued", init_from=str(run)))
     settings = replace(config.depth_policy, clip_range=0.05, ent_coef=0.123, n_epochs=3)
-    model = load_ppo(settings, run / "checkpoints" / "depth.zip", make_env(config, "depth", None, CostProfile.load(PROFILE)))
+    env = make_env(config, "depth", None, CostProfile.load(PROFILE))
+    model = load_state(settings, checkpoint_folder(run), "depth", env, 0, counters=False)
     assert (model.clip_range(1.0), model.ent_coef, model.n_epochs, model.num_timesteps) == (0.05, 0.123, 3, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from lab.cli.common import add_worker_arguments
@@ -12,7 +13,7 @@ from lab.config import load_config
 from lab.copy_comparison import evaluate_sources
 from lab.report import format_table
 from lab.retarget import retarget
-from lab.runs import finished_run_name, latest_runs, link_latest, stamped
+from lab.runs import finished_run_name, latest_runs, link_latest, new_run_folder, stamped
 from lab.sweep import parse_assignment, report, run_sweep
 from lab.training import resume, train
 from lab.tree_comparison import evaluate_trees
@@ -28,16 +29,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     if bool(args.config) == bool(args.resume):
         raise ValueError("give either a CONFIG file or --resume RUN_DIR")
     if args.resume:
-        folder = Path(args.resume)
+        folder = Path(args.resume).resolve()  # runs/NAME-latest works too
         final = resume(folder)
+        name = load_config(folder / "config.yaml").name
     else:
         config = load_config(args.config)
         if args.profile:
             config.env.profile = args.profile
-        folder = stamped(args.runs, config.name)
-        print(f"run folder: {folder}")
-        final = train(config, folder)
-        print(f"{link_latest(args.runs, config.name, folder)} now points to this run")
+            config.validate()
+        folder, name = new_run_folder(args.runs, config.name), config.name
+        print(f"run folder: {folder}   (killed? continue with: adaptive train --resume {folder})")
+        try:
+            final = train(config, folder)
+        except ValueError:
+            if not (folder / "state.json").exists():  # refused before training began: leave nothing behind
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+    print(f"{link_latest(folder.parent, name, folder)} now points to this run")
     evaluation = json.loads((folder / "evaluation.json").read_text())
     rows = [[name, f"{v['speedup']:.3f}x", v["tokens"], f"{v['seconds']:.2f}"] for name, v in evaluation.items()]
     print(format_table(["policy (evaluation env)", "speedup over plain", "tokens", "modelled seconds"], rows))
