@@ -13,13 +13,14 @@ at load time. That keeps the file small and guarantees the embedding matches the
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from adaptive.files import UnreadableFile, load_weights, read_json, read_tensors
 
 WEIGHTS = "draft.safetensors"
 EMBEDDING_KEY = "model.embed_tokens.weight"
@@ -78,20 +79,21 @@ def load_draft(folder: str | Path, target: PreTrainedModel) -> LlamaForCausalLM:
     """Rebuild a saved draft around the target's input embedding, in the target's dtype and device."""
     folder = Path(folder)
     if not (folder / WEIGHTS).is_file():
-        raise FileNotFoundError(f"{folder} holds no {WEIGHTS}; is it a draft made by `adaptive distill`?")
-    config = LlamaConfig.from_dict(json.loads((folder / "config.json").read_text()))
+        raise UnreadableFile(f"{folder} holds no {WEIGHTS}; is it a draft made by `adaptive distill`?")
+    config = LlamaConfig.from_dict(read_json(folder / "config.json", "draft config"))
     if config.vocab_size != target.config.vocab_size or config.hidden_size != target.config.hidden_size:
         raise ValueError(
             f"draft in {folder} was made for vocab {config.vocab_size}, hidden {config.hidden_size}; "
             f"the target has vocab {target.config.vocab_size}, hidden {target.config.hidden_size}"
         )
-    tensors = load_file(folder / WEIGHTS)
+    tensors = read_tensors(folder / WEIGHTS, "draft weights")
+    if "lm_head.token_ids" not in tensors:
+        raise UnreadableFile(f"draft weights {folder / WEIGHTS} lack lm_head.token_ids; is it a draft made by `adaptive distill`?")
     token_ids = tensors.pop("lm_head.token_ids").long()
     draft = LlamaForCausalLM(config)
     draft.lm_head = SubsetHead(torch.empty(len(token_ids), config.hidden_size), token_ids, config.vocab_size)
-    missing, unexpected = draft.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
-    if unexpected or set(missing) != {EMBEDDING_KEY, "lm_head.token_ids"}:  # both set above
-        raise ValueError(f"{folder}/{WEIGHTS} does not match its config: missing {missing}, unexpected {unexpected}")
+    shared = {key: value for key, value in draft.state_dict().items() if key in (EMBEDDING_KEY, "lm_head.token_ids")}  # both set above
+    load_weights(draft, {**{k: v.float() for k, v in tensors.items()}, **shared}, folder / WEIGHTS, "draft weights (as its config.json sizes them)")
     _share_embedding(draft, target)
     return draft.to(device=target.device, dtype=target.dtype).eval()
 

@@ -24,8 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
+
+from adaptive.files import UnreadableFile, load_weights, read_json, read_tensors
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -88,6 +90,9 @@ class Eagle3Config:
         for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
             if key not in data:
                 raise ValueError(f"{source} is not an EAGLE-3 head config: {key!r} is missing")
+        for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size"):
+            if data.get(key) is not None and not (isinstance(data[key], int) and not isinstance(data[key], bool) and data[key] > 0):
+                raise ValueError(f"{source}: {key} must be a positive whole number, got {data[key]!r}")
         layer_ids = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if layer_ids is None:
             raise ValueError(f"{source} names no target layers (eagle_config.eagle_aux_hidden_state_layer_ids); give them for this target, e.g. [2, L/2, L-3]")
@@ -308,9 +313,13 @@ def save_head(head: Eagle3Head, folder: str | Path, metadata: dict | None = None
 
 
 def is_head_folder(folder: str | Path) -> bool:
-    """True when ``folder`` holds a head in the EAGLE-3 layout (its config names the target layers it reads)."""
+    """True when ``folder`` holds a head in the EAGLE-3 layout: its config names the target layers it reads, or its
+    architecture is an EAGLE-3 head (then :func:`load_head` says what its config lacks)."""
     config = Path(folder) / CONFIG
-    return config.is_file() and (Path(folder) / WEIGHTS).is_file() and "eagle_config" in json.loads(config.read_text())
+    if not config.is_file():
+        return False
+    data = read_json(config, "EAGLE-3 head config")
+    return "eagle_config" in data or any("eagle3" in str(name).lower() for name in data.get("architectures") or ())
 
 
 def load_head(folder: str | Path, target: nn.Module, dtype: torch.dtype | None = None) -> Eagle3Head:
@@ -318,8 +327,8 @@ def load_head(folder: str | Path, target: nn.Module, dtype: torch.dtype | None =
     embedding it borrows). Unpickles nothing. Checks that the head fits the target."""
     folder = Path(folder)
     if not (folder / CONFIG).is_file() or not (folder / WEIGHTS).is_file():
-        raise FileNotFoundError(f"{folder} is not an EAGLE-3 head folder ({CONFIG} and {WEIGHTS} expected)")
-    config = Eagle3Config.from_json(json.loads((folder / CONFIG).read_text()), str(folder / CONFIG))
+        raise UnreadableFile(f"{folder} is not an EAGLE-3 head folder ({CONFIG} and {WEIGHTS} expected)")
+    config = Eagle3Config.from_json(read_json(folder / CONFIG, "EAGLE-3 head config"), str(folder / CONFIG))
     embedding = target.get_input_embeddings()
     if config.vocab_size != embedding.num_embeddings or config.hidden_size != embedding.embedding_dim:
         raise ValueError(
@@ -329,14 +338,14 @@ def load_head(folder: str | Path, target: nn.Module, dtype: torch.dtype | None =
     layers = target.config.num_hidden_layers
     if max(config.layer_ids) >= layers:
         raise ValueError(f"head {folder} reads target layers {list(config.layer_ids)}; the target has {layers}")
-    tensors = load_file(folder / WEIGHTS)
+    tensors = read_tensors(folder / WEIGHTS, "EAGLE-3 head weights")
     tensors = {name.removeprefix("model."): value for name, value in tensors.items() if not name.endswith("embed_tokens.weight")}
     if "t2d" not in tensors and "d2t" in tensors:
+        if tuple(tensors["d2t"].shape) != (config.draft_vocab_size,):
+            raise UnreadableFile(f"head {folder}: d2t has shape {tuple(tensors['d2t'].shape)}; {CONFIG}'s draft_vocab_size is {config.draft_vocab_size}")
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
         t2d[torch.arange(config.draft_vocab_size) + tensors["d2t"]] = True
         tensors["t2d"] = t2d
     head = Eagle3Head(config, embedding)
-    missing, unexpected = head.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"head {folder} does not match the EAGLE-3 layout: missing {missing}, unexpected {unexpected}")
+    load_weights(head, tensors, folder / WEIGHTS, f"EAGLE-3 head (as its {CONFIG} sizes it)")
     return head.to(dtype or embedding.weight.dtype).eval()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -104,15 +105,61 @@ def load_copy_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -
 def load_target(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> tuple[PreTrainedModel, object]:
     """The target of a named pair and its tokenizer, without the draft (e.g. to distil a new draft)."""
     named_pair(name)
+    check_device(device)
     folder = smollm2_folder()
-    return load_model(folder, dtype, device), AutoTokenizer.from_pretrained(str(folder))
+    return load_model(folder, dtype, device), load_tokenizer(folder)
+
+
+def check_device(device: str) -> str:
+    """``device`` if torch can place tensors there (cpu; cuda or cuda:N where CUDA is; mps where Metal is), else a
+    ValueError naming it and what this machine offers."""
+    offered = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())] + (["mps"] if torch.backends.mps.is_available() else [])
+    try:
+        wanted = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a device name; allowed here: {', '.join(offered)}") from None
+    usable = (
+        wanted.type == "cpu"
+        or (wanted.type == "cuda" and torch.cuda.is_available() and (wanted.index or 0) < torch.cuda.device_count())
+        or (wanted.type == "mps" and torch.backends.mps.is_available())
+    )
+    if not usable:
+        raise ValueError(f"device {device!r} is not available on this machine (torch {torch.__version__}); allowed here: {', '.join(offered)}")
+    return device
+
+
+def model_source(path: str | Path, what: str) -> str:
+    """A local model folder, checked to exist; or, for a name of the form ``owner/name`` that is no local path, a
+    hub id (loaded where a hub is reachable)."""
+    text = str(path)
+    if Path(text).exists():
+        if not Path(text).is_dir():
+            raise ValueError(f"{what} {text} is a file; give its folder")
+        return text
+    if Path(text).is_absolute() or text.startswith(".") or text.count("/") != 1:
+        raise ValueError(f"{what} folder {text} does not exist")
+    return text
 
 
 def load_model(path: str | Path, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> PreTrainedModel:
-    """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode."""
-    dtype = resolve_dtype(dtype, str(device))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    """Load a causal LM from a local folder (or hub id where a hub is reachable), in eval mode. Weights are read
+    from safetensors only: a folder that has only pickled weights (``pytorch_model.bin``) is refused."""
+    source = model_source(path, "model")
+    dtype = resolve_dtype(dtype, str(check_device(device)))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype], use_safetensors=True)
+    except OSError as error:
+        raise ValueError(f"cannot load a model from {source} (safetensors weights and config.json expected): {str(error).splitlines()[0]}") from None
     return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a model folder (or hub id), with an error naming the folder."""
+    source = model_source(path, "tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot load a tokenizer from {source}: {str(error).splitlines()[0]}") from None
 
 
 def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> ModelPair:
@@ -123,7 +170,11 @@ def load_pair_from_paths(target: str | Path, draft: str | Path, dtype: str = DEF
     --kind eagle3`` or a published one for this target); the last two are built on the target's embedding
     and therefore share its tokenizer by construction. ``draft="copy"`` (:data:`COPY`) is the copy drafter.
     """
-    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    check_device(device)
+    model_source(target, "target")
+    if str(draft) != COPY:
+        model_source(draft, "draft")
+    tokenizer = load_tokenizer(target)
     target_model = load_model(target, dtype, device)
     name = f"{Path(target).name}+{COPY if str(draft) == COPY else Path(draft).name}"
     return ModelPair(target_model, load_draft_for(target_model, draft, tokenizer, dtype, device), tokenizer, name)
@@ -134,12 +185,13 @@ def load_draft_for(target: PreTrainedModel, draft: str | Path, tokenizer=None, d
     checked against it (``tokenizer``: the target's, to check a draft that brings its own)."""
     if str(draft) == COPY:
         return CopyDraft()
+    model_source(draft, "draft")
     if is_head_folder(draft):
         return load_head(draft, target)
     if (Path(draft) / WEIGHTS).is_file():
         draft_model, draft_tokenizer = load_draft(draft, target), None
     else:
-        draft_tokenizer = AutoTokenizer.from_pretrained(str(draft))
+        draft_tokenizer = load_tokenizer(draft)
         draft_model = load_model(draft, dtype, device)
     check_compatible(target, draft_model, tokenizer, draft_tokenizer)
     return draft_model
