@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from adaptive.batch_observation import BatchObservationSchema, RoundHead
 from adaptive.batch_profile import BatchCostProfile
+from adaptive.files import UnreadableFile, load_weights, read_json, read_tensors
 from adaptive.learned_policy import mlp, numpy_forward, numpy_layers
 from adaptive.policy import BatchDraftStep, BatchState
 
@@ -91,10 +92,16 @@ def is_batch_policy(path: str | Path) -> bool:
 def load_batch_policy(path: str | Path) -> LearnedBatchPolicy:
     """A saved learned batch policy (its folder, or its ``policy.json``)."""
     sidecar = Path(path) / SIDECAR if Path(path).is_dir() else Path(path)
-    if not is_batch_policy(sidecar):
-        raise ValueError(f"{path} holds no learned batch policy ({SIDECAR} of format {FORMAT})")
-    metadata = json.loads(sidecar.read_text())
-    net = mlp(metadata["layers"])
-    net.load_state_dict(load_file(sidecar.parent / WEIGHTS))
-    stepwise = BatchObservationSchema.described(metadata["schema"]).stepwise
+    metadata = read_json(sidecar, "batch policy")
+    if metadata.get("format") != FORMAT:
+        raise UnreadableFile(f"{sidecar} is not a learned batch policy ({SIDECAR} of format {FORMAT}; found {metadata.get('format')!r})")
+    layers = metadata.get("layers")
+    if not isinstance(layers, list) or len(layers) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in layers):
+        raise UnreadableFile(f"batch policy {sidecar}: 'layers' must list two or more positive layer sizes, got {layers!r}")
+    net = mlp(layers)
+    load_weights(net, read_tensors(sidecar.parent / WEIGHTS, "batch policy weights"), sidecar.parent / WEIGHTS, "batch policy weights")
+    try:
+        stepwise = BatchObservationSchema.described(metadata["schema"]).stepwise
+    except (KeyError, TypeError) as error:
+        raise UnreadableFile(f"batch policy {sidecar} is malformed ({type(error).__name__}: {error})") from None
     return (LearnedSteppedBatchPolicy if stepwise else LearnedBatchPolicy)(net, metadata)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from adaptive.observation import ObservationBuilder, ObservationSchema
+from adaptive.files import UnreadableFile, load_weights, read_json, read_tensors
+from adaptive.observation import ObservationBuilder, ObservationSchema, SchemaMismatch
 from adaptive.policy import SOURCES, BasePolicy, DraftState
 
 FORMAT = "adaptive-draft/policy/1"
@@ -158,26 +159,52 @@ def policy_sidecar(path: Path) -> Path:
     for candidate in (path, path / SIDECAR, path / "final" / SIDECAR):
         if candidate.is_file() and candidate.name == SIDECAR:
             return candidate
-    raise FileNotFoundError(f"no {SIDECAR} at {path} (give a policy folder, its {SIDECAR}, or a training run folder)")
+    raise UnreadableFile(f"no {SIDECAR} at {path} (give a policy folder, its {SIDECAR}, or a training run folder)")
 
 
 def load_policy(path: str | Path, schema: ObservationSchema | None = None, pair: str | None = None) -> LearnedPolicy:
-    """Load a learned policy (a run folder, a policy folder or its ``policy.json``) for the decoder.
+    """Load a learned policy (a run folder, a policy folder or its ``policy.json``) for the decoder. Unpickles nothing.
 
     Raises ``SchemaMismatch`` when ``schema`` is given and differs from the policy's, and ``ValueError``
-    when ``pair`` is given and the policy was trained for another pair."""
+    when ``pair`` is given and the policy was trained for another pair, or when the files are not a
+    well-formed policy (each message names the file and what was expected)."""
     sidecar = policy_sidecar(Path(path))
-    metadata = json.loads(sidecar.read_text())
+    metadata = read_json(sidecar, "policy")
     if metadata.get("format") != FORMAT:
-        raise ValueError(f"{sidecar} is not a policy of format {FORMAT} (found {metadata.get('format')!r})")
+        found = metadata.get("format")
+        hint = "; a batch policy drives adaptive loadtest, not the single-request decoder" if "batch" in str(found) else ""
+        raise UnreadableFile(f"{sidecar} is not a policy of format {FORMAT} (found {found!r}){hint}")
+    try:
+        described = ObservationSchema.of(metadata["schema"])
+        layers = {name: _layers(metadata, name, described.size) for name in ("depth", "size", "source")}
+        ObservationBuilder(described, float(metadata["profile"]["c"]), [float(g) for g in metadata["profile"]["g"]])
+    except (KeyError, TypeError, ValueError) as error:
+        if isinstance(error, SchemaMismatch):
+            raise
+        raise UnreadableFile(f"policy {sidecar} is malformed ({type(error).__name__}: {error}); re-export it with adaptive train") from None
+    if not any(layers.values()):
+        raise UnreadableFile(f"policy {sidecar} names no network (depth_layers, size_layers or source_layers)")
     if schema is not None:
         schema.check(metadata["schema"])
     if pair is not None and metadata.get("pair") != pair:
         raise ValueError(f"policy {sidecar} was trained for pair {metadata.get('pair')!r}, not {pair!r}")
-    tensors = load_file(sidecar.parent / WEIGHTS)
+    tensors = read_tensors(sidecar.parent / WEIGHTS, "policy weights")
     nets = {}
-    for name in ("depth", "size", "source"):
-        if metadata.get(f"{name}_layers"):
-            nets[name] = mlp(metadata[f"{name}_layers"])
-            nets[name].load_state_dict({k.removeprefix(f"{name}."): v for k, v in tensors.items() if k.startswith(f"{name}.")})
+    for name, sizes in layers.items():
+        if sizes:
+            nets[name] = mlp(sizes)
+            own = {k.removeprefix(f"{name}."): v for k, v in tensors.items() if k.startswith(f"{name}.")}
+            load_weights(nets[name], own, sidecar.parent / WEIGHTS, f"policy weights ({name} network of {sizes})")
     return LearnedPolicy(nets.get("depth"), metadata, nets.get("size"), nets.get("source"))
+
+
+def _layers(metadata: dict, name: str, observation_size: int) -> list[int] | None:
+    """A network's layer sizes from a policy sidecar, checked: whole positive numbers, input = the observation."""
+    sizes = metadata.get(f"{name}_layers")
+    if sizes is None:
+        return None
+    if not isinstance(sizes, list) or len(sizes) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+        raise ValueError(f"{name}_layers must list two or more positive layer sizes, got {sizes!r}")
+    if sizes[0] != observation_size:
+        raise ValueError(f"{name}_layers takes {sizes[0]} inputs; its observation schema has {observation_size}")
+    return sizes

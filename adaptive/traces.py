@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from adaptive.files import UnreadableFile, read_arrays
 from adaptive.sampling import STEP_FEATURES
 
 TRACE_FORMAT = "adaptive-draft/trace/3"
@@ -83,20 +84,45 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             archive.writestr(member, buffer.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
 
 
-def read_npz(data, path: str | Path, file_format: str | tuple[str, ...]) -> tuple[dict, dict]:
-    """The per-prompt arrays and the metadata of an open trace file, after checking its format (one of ``file_format``)."""
-    metadata = json.loads(str(data["metadata"]))
+COMMON_ARRAYS = ("prompt_ids", "langs", "prompt_lengths", "offsets", "outputs", "metadata")
+
+
+def read_trace_file(path: str | Path, file_format: str | tuple[str, ...], required: tuple[str, ...]) -> tuple[dict, dict, dict]:
+    """Read a trace file whole (never unpickles) and check it: its format (one of ``file_format``), the arrays every
+    trace file has and ``required``, and that the per-prompt arrays agree (a file cut short or altered is refused).
+    Returns the per-prompt arrays, the metadata and every array."""
+    arrays = read_arrays(path, "trace file")
     allowed = (file_format,) if isinstance(file_format, str) else file_format
-    if metadata.get("format") not in allowed:
-        raise ValueError(f"{path} is not a trace file of format {' or '.join(allowed)} (found {metadata.get('format')!r})")
+    missing = [name for name in (*COMMON_ARRAYS, *required) if name not in arrays]
+    if missing:
+        raise UnreadableFile(f"{path} is not a trace file of format {' or '.join(allowed)}: array {missing[0]!r} is missing")
+    try:
+        metadata = json.loads(str(arrays["metadata"]))
+    except json.JSONDecodeError:
+        raise UnreadableFile(f"{path}: its metadata is not JSON") from None
+    found = metadata.get("format") if isinstance(metadata, dict) else None
+    if found not in allowed:
+        raise UnreadableFile(f"{path} is not a trace file of format {' or '.join(allowed)} (found {found!r})")
+    offsets, outputs = arrays["offsets"], arrays["outputs"]
+    prompts = len(arrays["prompt_ids"])
+    if not (
+        len(arrays["langs"]) == len(arrays["prompt_lengths"]) == prompts
+        and offsets.ndim == 1
+        and len(offsets) == prompts + 1
+        and np.issubdtype(offsets.dtype, np.integer)
+        and offsets[0] == 0
+        and bool(np.all(np.diff(offsets) >= 0))
+        and offsets[-1] == len(outputs)
+    ):
+        raise UnreadableFile(f"{path}: its per-prompt arrays disagree ({prompts} prompts, offsets {offsets.shape}, {len(outputs)} output tokens): damaged?")
     common = {
-        "prompt_ids": data["prompt_ids"].tolist(),
-        "langs": data["langs"].tolist(),
-        "prompt_lengths": data["prompt_lengths"],
-        "offsets": data["offsets"],
-        "outputs": data["outputs"],
+        "prompt_ids": arrays["prompt_ids"].tolist(),
+        "langs": arrays["langs"].tolist(),
+        "prompt_lengths": arrays["prompt_lengths"],
+        "offsets": offsets,
+        "outputs": outputs,
     }
-    return common, metadata
+    return common, metadata, arrays
 
 
 @dataclass
@@ -251,30 +277,31 @@ class TraceSet:
     @classmethod
     def load(cls, path: str | Path) -> TraceSet:
         """Read a trace file (never unpickles)."""
-        with np.load(path, allow_pickle=False) as data:
-            common, metadata = read_npz(data, path, READABLE_FORMATS)
-            sampled = "accept_prob" in data.files
-            if sampled and metadata["format"] != TRACE_FORMAT:
-                raise ValueError(
-                    f"{path} holds sampled traces of {metadata['format']}, whose replay was an approximation; "
-                    "re-record them (adaptive record --temperature T) for exact sampled replay"
-                )
-            return cls(
-                **common,
-                match=data["match"].astype(np.int64),
-                features=with_margins(data["features"].astype(np.float32)),
-                accept_prob=data["accept_prob"].astype(np.float32) if sampled else None,
-                reject_features=with_margins(data["reject_features"].astype(np.float32)) if sampled else None,
-                copy=_chains(data, "copy"),
-                lookup=_chains(data, "lookup"),
-                metadata=metadata,
+        common, metadata, data = read_trace_file(path, READABLE_FORMATS, ("match", "features"))
+        sampled = "accept_prob" in data
+        if sampled and metadata["format"] != TRACE_FORMAT:
+            raise ValueError(
+                f"{path} holds sampled traces of {metadata['format']}, whose replay was an approximation; "
+                "re-record them (adaptive record --temperature T) for exact sampled replay"
             )
+        if len(data["match"]) != len(common["outputs"]) or len(data["features"]) != len(common["outputs"]):
+            raise UnreadableFile(f"{path}: 'match' and 'features' must have one row per output token ({len(common['outputs'])}): damaged?")
+        return cls(
+            **common,
+            match=data["match"].astype(np.int64),
+            features=with_margins(data["features"].astype(np.float32)),
+            accept_prob=data["accept_prob"].astype(np.float32) if sampled else None,
+            reject_features=with_margins(data["reject_features"].astype(np.float32)) if sampled else None,
+            copy=_chains(data, "copy"),
+            lookup=_chains(data, "lookup"),
+            metadata=metadata,
+        )
 
 
-def _chains(data, prefix: str) -> CopyTrace | None:
-    """A model-free drafter's chains stored under ``prefix`` in an open trace file (None when absent)."""
-    if f"{prefix}_match" not in data.files:
+def _chains(data: dict[str, np.ndarray], prefix: str) -> CopyTrace | None:
+    """A model-free drafter's chains stored under ``prefix`` in a trace file's arrays (None when absent)."""
+    if f"{prefix}_match" not in data:
         return None
-    names = [name for name in (*CopyTrace.ARRAYS, *CopyTrace.AFTER) if f"{prefix}_{name}" in data.files]
+    names = [name for name in (*CopyTrace.ARRAYS, *CopyTrace.AFTER) if f"{prefix}_{name}" in data]
     arrays = {name: data[f"{prefix}_{name}"].astype(np.float32 if name.endswith("features") else np.int64) for name in names}
     return CopyTrace(**{**arrays, **{name: with_margins(arrays[name]) for name in ("features", "after_features") if name in arrays}})

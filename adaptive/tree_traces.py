@@ -18,7 +18,6 @@ verification order — the only use replay has for the draft's scores (tokens ar
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from transformers import PreTrainedModel
 
 from adaptive.drafts import teacher_forced
 from adaptive.sampling import STEP_FEATURES
-from adaptive.traces import holds_margins, read_npz, with_margins, write_npz
+from adaptive.traces import holds_margins, read_trace_file, with_margins, write_npz
 from adaptive.tree import DraftTree, TreeShape, grow_level, rank_children
 
 TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/2"
@@ -88,22 +87,20 @@ class TreeTraceSet:
     @staticmethod
     def read_metadata(path: str | Path) -> dict:
         """The metadata of a tree trace file, without loading its arrays."""
-        with np.load(path, allow_pickle=False) as data:
-            return json.loads(str(data["metadata"]))
+        return read_trace_file(path, READABLE_TREE_FORMATS, ())[1]
 
     @classmethod
     def load(cls, path: str | Path) -> TreeTraceSet:
         """Read a tree trace file (never unpickles)."""
-        with np.load(path, allow_pickle=False) as data:
-            common, metadata = read_npz(data, path, READABLE_TREE_FORMATS)
-            return cls(
-                **common,
-                rank=data["rank"].astype(np.int64),
-                depth=data["depth"].astype(np.int64),
-                on_path=data["on_path"],
-                features=with_margins(data["features"].astype(np.float32)),
-                metadata=metadata,
-            )
+        common, metadata, data = read_trace_file(path, READABLE_TREE_FORMATS, ("rank", "depth", "on_path", "features"))
+        return cls(
+            **common,
+            rank=data["rank"].astype(np.int64),
+            depth=data["depth"].astype(np.int64),
+            on_path=data["on_path"],
+            features=with_margins(data["features"].astype(np.float32)),
+            metadata=metadata,
+        )
 
 
 def node_slots(shape: TreeShape, depth: int) -> int:

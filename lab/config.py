@@ -208,9 +208,20 @@ def load_config(path: str | Path) -> ExperimentConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(error, 'problem', None) or error}") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty; an experiment names at least its 'name' (see experiments/quickstart.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    if "name" not in data:
+        raise ConfigError(f"config file {path} names no experiment: add a line 'name: ...' (run folders and policies are called by it)")
     return config_from_dict(data)
 
 

@@ -43,16 +43,16 @@ def _required_int(arg: str | None, name: str) -> int:
     return int(arg)
 
 
-def make_policy(spec: str) -> DraftPolicy:
+def make_policy(spec: str, pair: str | None = None) -> DraftPolicy:
     """Build a baseline policy from its spec string, or load a learned one from a path (a training run
-    folder, a policy folder or its ``policy.json``).
+    folder, a policy folder or its ``policy.json``); given ``pair``, a learned policy must have been trained for it.
 
     Example:
         >>> make_policy("static:4").name
         'static:4'
     """
     if Path(spec).exists():
-        return load_policy(spec)
+        return load_policy(spec, pair=pair)
     name, _, arg = spec.partition(":")
     if name not in POLICY_SPECS:
         allowed = "; ".join(help_text for _, help_text in POLICY_SPECS.values())

@@ -39,7 +39,7 @@ def test_loading_against_another_target_is_an_error(tmp_path, subset_draft):
     save_draft(subset_draft, tmp_path)
     with pytest.raises(ValueError, match="made for vocab 16"):
         load_draft(tmp_path, tiny_llama(0, vocab=32))
-    with pytest.raises(FileNotFoundError, match="adaptive distill"):
+    with pytest.raises(ValueError, match="adaptive distill"):
         load_draft(tmp_path / "nowhere", tiny_llama(0))
 
 

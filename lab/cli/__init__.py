@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from lab.cli import data, decoding, experiments, serving
 
-
 USAGE_ERROR = 2
 """The exit status of a refused input, as argparse's own for a bad argument."""
 

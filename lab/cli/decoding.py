@@ -62,7 +62,7 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Speculative generation of one prompt, with per-round statistics and optional plain comparison."""
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    policy = make_policy(args.policy)
+    policy = make_policy(args.policy, pair=args.pair)
     pair = pair_from_arguments(args)
     if args.tree:
         if not sampling.is_greedy:
@@ -106,7 +106,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Decode one test prompt per language, speculative and plain side by side, and print the speedups."""
     sampling = SamplingConfig(args.temperature)
     pair = pair_from_arguments(args)
-    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy), sampling, tokenizer=pair.tokenizer)
+    decoder = SpeculativeDecoder(pair.target, pair.draft, make_policy(args.policy, pair=args.pair), sampling, tokenizer=pair.tokenizer)
     decoder.generate(chat_ids(pair.tokenizer, "Hello"), max_new_tokens=8)  # warm-up
     print(
         f"pair {pair.name}, policy {decoder.policy.name}, {sampling.describe()}, {args.max_new_tokens} new tokens, "
