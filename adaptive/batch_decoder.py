@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from adaptive.batched_head import batched_sessions
 from adaptive.eagle3 import Eagle3Head
-from adaptive.generation import Clock, TokenBudget, eos_token_ids, prompt_token_ids
+from adaptive.generation import Clock, TokenBudget, context_positions, eos_token_ids, prompt_token_ids
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, BatchDraftStep, BatchPolicy, BatchState, asks_each_step
 from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, in_vocabulary, sample, sampling_distribution, target_ids, top1_probabilities
@@ -161,6 +161,8 @@ class BatchedSpeculativeDecoder:
         self.policy, self.sampling, self.tokenizer = policy, sampling, tokenizer
         self.max_depth, self.max_batch = max_depth, max_batch
         self.eos = eos_token_ids(target, eos_token_id)
+        self.positions = context_positions(target, draft)
+        """The positions target and draft attend over (None: no stated limit); a request stops when it fills them."""
         self.correction = correction
         self.clock = clock if clock is not None else Clock(target.device)
         self.queue: deque[Request] = deque()
@@ -176,7 +178,8 @@ class BatchedSpeculativeDecoder:
         ids = prompt_token_ids(prompt, self.tokenizer)
         generator = torch.Generator(device=self.target.device)
         generator.manual_seed(seed if seed is not None else self._next_id)
-        request = Request(self._next_id, ids, TokenBudget(max_new_tokens, self.eos), generator, self.clock() if at is None else at, list(ids))
+        budget = TokenBudget(max_new_tokens, self.eos, len(ids), self.positions)
+        request = Request(self._next_id, ids, budget, generator, self.clock() if at is None else at, list(ids))
         self.queue.append(request)
         self._next_id += 1
         return request.id
@@ -213,6 +216,8 @@ class BatchedSpeculativeDecoder:
         if not 0 <= depth <= self.max_depth:
             raise ValueError(f"batch policy {self.policy.name!r} chose depth {depth}; allowed: 0..{self.max_depth}")
         policy_time = clock() - t0
+        if self.positions is not None:  # no forward may reach past the last position: near it, the batch drafts less
+            depth = min(depth, min(self.positions - len(r.tokens) for r in self.batch) - 1)
         drafted, q_rows, step_policy_time = self._draft(depth, state)
         policy_time += step_policy_time
         draft_time = clock() - t0 - policy_time

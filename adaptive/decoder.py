@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
 from adaptive.drafts import Draft, draft_session
-from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, eos_token_ids, prompt_token_ids
+from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, context_positions, eos_token_ids, prompt_token_ids
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from adaptive.sampling import (
     GREEDY,
@@ -280,7 +280,7 @@ def generate_plain(
         generator.manual_seed(seed)
     tokens = prompt_token_ids(prompt, tokenizer)
     prompt_ids = list(tokens)
-    output = TokenBudget(max_new_tokens, eos_token_ids(target, eos_token_id))
+    output = TokenBudget(max_new_tokens, eos_token_ids(target, eos_token_id), len(tokens), context_positions(target))
     start = clock()
     if len(tokens) > 1:
         model.forward(tokens[:-1])

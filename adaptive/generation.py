@@ -52,7 +52,7 @@ class GenerationResult:
     """Time outside the rounds: prompt prefill of both models and per-call setup."""
     total_time: float
     stop_reason: str
-    """"eos" or "length"."""
+    """"eos", "length" (``max_new_tokens``) or "context" (the models' positions are full)."""
     text: str | None = None
     first_token_time: float = field(default=0.0)
     """Seconds from the start of the call to the first emitted token."""
@@ -107,14 +107,31 @@ def eos_token_ids(model: PreTrainedModel, eos_token_id: int | Sequence[int] | No
     return frozenset(int(i) for i in eos_token_id)
 
 
-class TokenBudget:
-    """Accumulates emitted tokens and decides when to stop."""
+def context_positions(*models) -> int | None:
+    """The fewest positions any of ``models`` (transformers models, heads, draft sessions' models) can attend over:
+    their configs' ``max_position_embeddings``; None when none of them states a limit (a copy drafter, a head)."""
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None) for model in models]
+    limits = [int(limit) for limit in limits if isinstance(limit, int) and limit > 0]
+    return min(limits) if limits else None
 
-    def __init__(self, max_new_tokens: int, eos: frozenset[int]) -> None:
+
+class ContextTooLong(ValueError):
+    """The prompt leaves no position for a new token."""
+
+
+class TokenBudget:
+    """Accumulates emitted tokens and decides when to stop: at EOS, after ``max_new_tokens``, or when the prompt and
+    the new tokens fill the models' ``positions`` (stop reason ``context``)."""
+
+    def __init__(self, max_new_tokens: int, eos: frozenset[int], prompt_length: int = 0, positions: int | None = None) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if positions is not None and prompt_length >= positions:
+            raise ContextTooLong(f"the prompt has {prompt_length} tokens; the models attend over at most {positions} positions: shorten the prompt")
         self.tokens: list[int] = []
-        self.max_new_tokens = max_new_tokens
+        self.requested = max_new_tokens
+        self.max_new_tokens = max_new_tokens if positions is None else min(max_new_tokens, positions - prompt_length)
+        """What will be generated at most: the request, or fewer when the context fills first."""
         self.eos = eos
         self.stop_reason: str = ""
 
@@ -132,7 +149,7 @@ class TokenBudget:
                 break
         self.tokens.extend(kept)
         if not self.stop_reason and self.remaining == 0:
-            self.stop_reason = "length"
+            self.stop_reason = "length" if self.max_new_tokens == self.requested else "context"
         return kept
 
 
@@ -277,6 +294,8 @@ class Decoder(ABC):
         self.tokenizer = tokenizer
         self.max_depth = max_depth
         self.eos = eos_token_ids(target, eos_token_id)
+        self.positions = context_positions(target, draft)
+        """The positions target and draft attend over (None: no stated limit)."""
         self.clock = Clock(target.device)
 
     @property
@@ -288,14 +307,20 @@ class Decoder(ABC):
     def _begin(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> Generation:
         """A new generation of this decoder's kind (prefilled)."""
 
+    def budget(self, prompt_ids: list[int], max_new_tokens: int) -> TokenBudget:
+        """The token budget of a generation: ``max_new_tokens``, or up to the models' positions (checked before any work)."""
+        return TokenBudget(max_new_tokens, self.eos, len(prompt_ids), self.positions)
+
     def start(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, seed: int | None = None) -> Generation:
         """Prefill and return a :class:`Generation` to advance step by step (no policy involved)."""
-        return self._begin(prompt_token_ids(prompt, self.tokenizer), TokenBudget(max_new_tokens, self.eos), seed)
+        prompt_ids = prompt_token_ids(prompt, self.tokenizer)
+        return self._begin(prompt_ids, self.budget(prompt_ids, max_new_tokens), seed)
 
     def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, seed: int | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt``; return tokens, text and statistics."""
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (fewer where the context fills: stop reason
+        ``context``); return tokens, text and statistics."""
         prompt_ids = prompt_token_ids(prompt, self.tokenizer)
-        output = TokenBudget(max_new_tokens, self.eos)
+        output = self.budget(prompt_ids, max_new_tokens)
         start = self.clock()
         rounds: list[RoundStats] = []
         first_token_time = 0.0
@@ -310,7 +335,8 @@ class Decoder(ABC):
 
     def stream(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, seed: int | None = None) -> Iterator[RoundStats]:
         """Yield each round's statistics (``.tokens`` holds the emitted ids) as soon as it completes."""
-        yield from self._rounds(prompt_token_ids(prompt, self.tokenizer), TokenBudget(max_new_tokens, self.eos), seed)
+        prompt_ids = prompt_token_ids(prompt, self.tokenizer)
+        yield from self._rounds(prompt_ids, self.budget(prompt_ids, max_new_tokens), seed)
 
     def _rounds(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> Iterator[RoundStats]:
         """Run rounds, asking the policy, until ``output`` says stop."""

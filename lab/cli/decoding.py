@@ -79,6 +79,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         run(prompt, min(8, args.max_new_tokens))
     result = run(prompt, args.max_new_tokens)
     print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}\n")
+    if result.stop_reason == "context":
+        print(f"note: stopped after {len(result.token_ids)} new tokens, where the prompt and the output fill the model's positions\n")
     print(f"{args.prompt}\n--> {result.text}\n")
     if not args.quiet_rounds:
         print_rounds(result)
