@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptive.costmodel import expected_tokens
+from adaptive.files import UnreadableFile, read_json
 
 FORMAT = "adaptive-draft/batch-profile/1"
 
@@ -52,7 +53,10 @@ class BatchCostProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> BatchCostProfile:
-        return cls.from_dict(json.loads(Path(path).read_text()), str(path))
+        try:
+            return cls.from_dict(read_json(path, "batched cost profile"), str(path))
+        except (KeyError, TypeError, IndexError) as error:
+            raise UnreadableFile(f"batched cost profile {path} is malformed ({type(error).__name__}: {error}); write it again with adaptive profile") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaptive.files import UnreadableFile, read_json
+
 REQUIRED_KEYS = ("contexts", "reference_context", "draft_step", "verify", "c", "g", "target_step_ms", "hardware")
 QUANTILES = ("median_ms", "p25_ms", "p75_ms")
 
@@ -65,7 +67,10 @@ class CostProfile:
     @classmethod
     def load(cls, path: str | Path) -> CostProfile:
         """Read a profile JSON written by ``adaptive profile`` (or :meth:`save`)."""
-        return cls.from_dict(json.loads(Path(path).read_text()), str(path))
+        try:
+            return cls.from_dict(read_json(path, "cost profile"), str(path))
+        except (KeyError, TypeError, IndexError) as error:
+            raise UnreadableFile(f"cost profile {path} is malformed ({type(error).__name__}: {error}); write it again with adaptive profile") from None
 
     def save(self, path: str | Path) -> None:
         """Write the profile document as JSON."""
