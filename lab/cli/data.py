@@ -29,6 +29,7 @@ from lab.distill_eagle3 import Eagle3Kind
 from lab.draft_training import TrainingConfig, train_draft, workload_sequences
 from lab.recording import TRACES, record_chains, record_chains_sharded, record_tree_traces, select_prompts
 from lab.report import format_table
+from lab.runs import check_output_file
 from lab.scale import wants_ray
 
 TASK_GROUPS = {"copy-heavy": COPY_TASKS, "all": TASKS}
@@ -95,6 +96,8 @@ def _check_speed(path: Path, args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure draft and verification costs of a pair on this machine and write the JSON profile."""
+    if args.check is None:
+        check_output_file(args.out, "--out")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
@@ -144,6 +147,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError("--copy records greedy chain traces (copy replay is greedy, chains only); drop --tree / --temperature")
     if not (args.pair or args.target):
         args.pair = "smollm2-135m"
+    if args.out:
+        check_output_file(args.out, "--out")  # before the recording, not after it
     if args.tree and wants_ray(args.workers, args.address):
         raise ValueError("--workers / --address shard chain recording; record tree traces in one process (drop them)")
     name = pair_name(args)

@@ -13,7 +13,7 @@ from lab.config import load_config
 from lab.copy_comparison import evaluate_sources
 from lab.report import format_table
 from lab.retarget import retarget
-from lab.runs import finished_run_name, latest_runs, link_latest, new_run_folder, stamped
+from lab.runs import check_output_folder, finished_run_name, latest_runs, link_latest, new_run_folder, stamped
 from lab.sweep import parse_assignment, report, run_sweep
 from lab.training import resume, train
 from lab.tree_comparison import evaluate_trees
@@ -75,7 +75,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.live_per_language == 0 and (args.grid_live_per_language or args.calibration_per_language):
         print("--live-per-language 0: replay only (no grid search live check, no calibration)")
         args.grid_live_per_language = args.calibration_per_language = 0
-    out = Path(args.out or stamped("evaluations", config.name))
+    out = check_output_folder(args.out or stamped("evaluations", config.name), "--out")
     if config.env.tree:
         evaluate_trees(config, learned, out, args.live_per_language, args.max_new_tokens, repeats=args.repeats)
     elif config.env.copy:

@@ -7,7 +7,6 @@ import json
 import time
 from pathlib import Path
 
-from adaptive.batch_decoder import BatchedSpeculativeDecoder
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
@@ -16,9 +15,10 @@ from lab import live_protocol
 from lab.batch_training import CAPPED, DEFAULT_DECISION_MS, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
-from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
+from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts
 from lab.plots import plot_load_test
 from lab.report import format_table
+from lab.runs import check_output_folder
 from policies.batch import BATCH_POLICY_HELP, make_batch_policy
 
 BASELINE = "plain"
@@ -109,6 +109,7 @@ def report_lines(result: dict) -> list[str]:
 def cmd_loadtest(args: argparse.Namespace) -> int:
     if (args.concurrency is None) == (args.rate is None):
         raise ValueError("give --concurrency N[,N...] (closed-loop clients) or --rate R[,R...] (Poisson arrivals per second)")
+    out = check_output_folder(args.out or f"loadtests/{time.strftime('%Y%m%d-%H%M%S')}", "--out")
     policies = [BASELINE] + [spec for spec in args.policy if spec != BASELINE]
     profile = BatchCostProfile.load(args.batch_profile) if args.batch_profile else None
     factories = {spec: (lambda s=spec: make_batch_policy(s, profile)) for spec in policies}
@@ -121,9 +122,6 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     pair = pair_from_arguments(args)
     prompts = mixed_prompts(pair, args.requests, args.split)
     sampling = SamplingConfig(args.temperature)
-    warm_up = BatchedSpeculativeDecoder(pair.target, pair.draft, factories[policies[-1]](), sampling, max_depth=args.max_depth)
-    run_load(warm_up, [ids for _, ids in prompts[:2]], Load(2, concurrency=2), max_new_tokens=8)
-    out = Path(args.out or f"loadtests/{time.strftime('%Y%m%d-%H%M%S')}")
     checkpoint, identity = live_protocol.checkpoint_path(out, "load"), live_protocol.identity(pair, {"draft": pair.draft}, policies)
     result = load_test(pair, factories, settings, sampling, prompts, checkpoint, identity)
     result["setup"] = {
@@ -148,6 +146,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 def cmd_train_batch(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    out = check_output_folder(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}", "--out")
     loads = _integers(args.loads)
     profile = BatchCostProfile.load(args.batch_profile)
     path = Path(args.traces)
@@ -157,7 +156,6 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
     # +1.7 to +8.2 % over the schedule at loads 1-8; 1,024 and 1M, -2.4 to +4.4 %)
     per_step = {"n_steps": 2048, "gamma": 1.0} if args.per_step else {"n_steps": 1024, "gamma": 0.9}
     ppo = PPOConfig(timesteps=args.timesteps, batch_size=256, ent_coef=0.01, **per_step)
-    out = Path(args.out or f"runs/batch-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = {"traces": str(path), "batch_profile": args.batch_profile}
     seeds = list(range(args.seed, args.seed + args.seeds))
     policy, chosen, judged = train_best_of_seeds(
