@@ -264,8 +264,6 @@ def load_test(
     for load, measured in zip(settings.loads, saved.done() if saved else []):
         out["loads"][load.label] = measured
     total = len(settings.loads) * settings.repeats * len(names)
-    if len(out["loads"]) < len(settings.loads):
-        warm_up(pair, policies, settings, sampling, [ids for _, ids in prompts])
     pause = live_protocol.pause_file()
     tqdm.write(f"load test: touch {pause} to pause between runs")
     with tqdm(total=total, initial=len(out["loads"]) * settings.repeats * len(names), desc="load test", unit="run") as bar:
@@ -307,22 +305,6 @@ def load_test(
             if saved:
                 saved.add(load.label, out["loads"][load.label])
     return out
-
-
-WARM_UP_TOKENS = 8
-
-
-def warm_up(
-    pair: ModelPair, policies: dict[str, Callable[[], BatchPolicy]], settings: LoadTestSettings, sampling: SamplingConfig, prompts: list[list[int]]
-) -> None:
-    """Before any timed run, every policy decodes a few tokens of a full batch at the largest load, untimed: the
-    first run of a process pays one-off costs (allocations, kernel selection, caches), and whichever policy were
-    measured first would carry them."""
-    batch = max(load.batch for load in settings.loads)
-    for name, make in policies.items():
-        decoder = BatchedSpeculativeDecoder(pair.target, pair.draft, make(), sampling, tokenizer=pair.tokenizer, max_depth=settings.max_depth, max_batch=batch)
-        decoder.generate(prompts[:batch], WARM_UP_TOKENS, seeds=list(range(min(batch, len(prompts)))))
-        tqdm.write(f"warmed up {name}")
 
 
 def divergences(target, prompts: list[list[int]], runs: list[dict], baseline: list[dict]) -> dict:
