@@ -161,6 +161,21 @@ def run_load(
     return run.outcome()
 
 
+def warm_up(
+    pair: ModelPair,
+    policies: dict[str, Callable[[], BatchPolicy]],
+    sampling: SamplingConfig,
+    prompts: Sequence[list[int]],
+    max_depth: int = 8,
+    max_new_tokens: int = 8,
+) -> None:
+    """Run every policy briefly on two requests at once before any timed run, so that none of them (the first
+    measured in particular) carries the kernels' and allocator's first-use costs in its timings."""
+    for make in policies.values():
+        decoder = BatchedSpeculativeDecoder(pair.target, pair.draft, make(), sampling, max_depth=max_depth)
+        run_load(decoder, prompts[:2], Load(2, concurrency=2), max_new_tokens=max_new_tokens)
+
+
 def run_interleaved(
     decoders: dict[str, BatchedSpeculativeDecoder], clocks: dict[str, TurnClock], prompts: Sequence[list[int]], load: Load, max_new_tokens: int, seed: int = 0
 ) -> dict[str, tuple[list[RequestResult], float, list[RoundRecord]]]:

@@ -438,6 +438,33 @@ def test_interleaved_runs_decode_what_runs_one_after_another_decode_and_time_onl
     assert min(walls) > 0 and sum(walls) <= elapsed
 
 
+def test_every_policy_of_a_load_test_is_warmed_up_before_any_timed_run(target, near_draft):
+    """The warm-up builds and runs each policy (not only one), so the first policy measured carries no first-use
+    cost; each one decodes tokens in it."""
+    from adaptive.pair import ModelPair
+    from lab.loadtest import warm_up
+
+    rounds: dict[str, int] = {}
+
+    def counted(spec: str):
+        def make():
+            policy = make_batch_policy(spec)
+            decide = policy.depth
+
+            def counting(*args, **kwargs):
+                rounds[spec] = rounds.get(spec, 0) + 1
+                return decide(*args, **kwargs)
+
+            policy.depth = counting
+            return policy
+
+        return make
+
+    policies = {spec: counted(spec) for spec in ("plain", "static:2", "static:3")}
+    warm_up(ModelPair(target, near_draft, None, "tiny"), policies, SamplingConfig(), [[1, 4, 6], [9, 2]], max_depth=4)
+    assert set(rounds) == set(policies) and min(rounds.values()) > 0
+
+
 def test_a_killed_load_test_resumes_at_the_first_unfinished_load(target, near_draft, tmp_path):
     """Each finished load is kept in the checkpoint; a rerun measures only the loads that are missing (one cut short
     by a kill included) and gives the finished ones back as measured; another identity is refused."""

@@ -7,7 +7,6 @@ import json
 import time
 from pathlib import Path
 
-from adaptive.batch_decoder import BatchedSpeculativeDecoder
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
@@ -16,7 +15,7 @@ from lab import live_protocol
 from lab.batch_training import CAPPED, DEFAULT_DECISION_MS, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
 from lab.cli.common import add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
-from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, run_load
+from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, warm_up
 from lab.plots import plot_load_test
 from lab.report import format_table
 from lab.runs import check_output_folder
@@ -123,8 +122,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     pair = pair_from_arguments(args)
     prompts = mixed_prompts(pair, args.requests, args.split)
     sampling = SamplingConfig(args.temperature)
-    warm_up = BatchedSpeculativeDecoder(pair.target, pair.draft, factories[policies[-1]](), sampling, max_depth=args.max_depth)
-    run_load(warm_up, [ids for _, ids in prompts[:2]], Load(2, concurrency=2), max_new_tokens=8)
+    warm_up(pair, factories, sampling, [ids for _, ids in prompts[:2]], args.max_depth)
     checkpoint, identity = live_protocol.checkpoint_path(out, "load"), live_protocol.identity(pair, {"draft": pair.draft}, policies)
     result = load_test(pair, factories, settings, sampling, prompts, checkpoint, identity)
     result["setup"] = {
