@@ -15,10 +15,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, proposes
 from adaptive.drafts import Draft, draft_session
 from adaptive.generation import Clock, Decoder, Generation, GenerationResult, TokenBudget, context_positions, eos_token_ids, prompt_token_ids
+from adaptive.lean import open_cache
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from adaptive.sampling import (
     GREEDY,
@@ -273,7 +273,7 @@ def generate_plain(
 
     Each token is reported as a round with nothing drafted, so results compare field by field.
     """
-    model = CachedModel(target)
+    model = open_cache(target)
     clock = Clock(target.device)
     generator = torch.Generator(device=target.device)
     if seed is not None:

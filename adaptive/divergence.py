@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel
+from adaptive.lean import open_cache
 
 NEAR_TIE_ULPS = 4
 """A gap within this many units in the last place of the logits' magnitude, at the model's dtype, is a near-tie."""
@@ -68,7 +68,7 @@ def first_divergence(target: PreTrainedModel, prompt: list[int], plain: list[int
         return None
     shared = plain[:position]
     a, b = plain[position], speculative[position]
-    incremental = CachedModel(target)
+    incremental = open_cache(target)
     logits = incremental.forward(prompt)[-1]
     for token in shared:
         logits = incremental.forward([token])[-1]

@@ -29,6 +29,7 @@ from torch import nn
 from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, CopySession, PromptLookupDraft, PromptLookupSession
 from adaptive.eagle3 import Eagle3Head, rotary
+from adaptive.lean import open_cache
 
 Draft = nn.Module | CopyDraft | PromptLookupDraft
 """Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or a copy drafter."""
@@ -43,7 +44,7 @@ def draft_session(draft: Draft, target: CachedModel) -> CachedModel | HeadSessio
     """The cached session a decoder drives ``draft`` through."""
     if isinstance(draft, MODEL_FREE):
         return draft.session(output_vocab_size(target.model), target.device)
-    return HeadSession(draft, target) if isinstance(draft, Eagle3Head) else CachedModel(draft)
+    return HeadSession(draft, target) if isinstance(draft, Eagle3Head) else open_cache(draft)
 
 
 def teacher_forced(target: nn.Module, draft: Draft, sequence: list[int]) -> tuple[CachedModel | HeadSession | CopySession | PromptLookupSession, torch.Tensor]:
@@ -53,7 +54,7 @@ def teacher_forced(target: nn.Module, draft: Draft, sequence: list[int]) -> tupl
     taps = target_taps(draft)
     if taps and len(sequence) < 3:
         raise ValueError(f"a draft head reads the target's state before each token; give it 3 tokens or more, not {len(sequence)}")
-    reading = CachedModel(target, taps=taps)
+    reading = open_cache(target, taps)
     if taps:
         reading.forward(sequence)
     session = draft_session(draft, reading)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import MODEL_FREE, CopySession, proposes
 from adaptive.drafts import Draft, draft_session, target_taps
+from adaptive.lean import open_cache
 from adaptive.pair import check_compatible
 from adaptive.policy import RECENT_ROUNDS, SOURCES, DraftPolicy, DraftState, DraftStep, RoundStats, depth_cap
 from adaptive.sampling import draft_features
@@ -286,7 +286,7 @@ class Decoder(ABC):
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         if not isinstance(policy, DraftPolicy):
             raise TypeError(f"policy must implement DraftPolicy (should_continue, verify_size, ...), got {policy!r}")
-        self.target = CachedModel(target, taps=target_taps(draft))
+        self.target = open_cache(target, target_taps(draft))
         self.draft = draft_session(draft, self.target)
         self.copy: CopySession | None = None
         """A copy drafter beside the draft model (:class:`~adaptive.decoder.SpeculativeDecoder` only)."""

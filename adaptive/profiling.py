@@ -19,6 +19,7 @@ from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.generation import Clock
+from adaptive.lean import open_cache
 from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask
@@ -82,7 +83,7 @@ def _feed(model: CachedModel, tokens: list[int], tree_mask: bool) -> None:
 def _draft_after(target, draft, context: list[int]) -> CachedModel | HeadSession:
     """The draft's session after ``context`` as a round finds it: a head on a target that has read all of it
     but the last token, so that the timed step drafts from the head's own state."""
-    reading = CachedModel(target, taps=target_taps(draft))
+    reading = open_cache(target, target_taps(draft))
     if reading.taps:
         reading.forward(context[:-1])
     session = draft_session(draft, reading)
@@ -126,7 +127,7 @@ def profile_pair(
     clock = Clock(target.device)
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
-    target_cache = CachedModel(target, taps=target_taps(draft))  # verification keeps what the draft reads, as in decoding
+    target_cache = open_cache(target, target_taps(draft))  # verification keeps what the draft reads, as in decoding
     result: dict = {
         "contexts": list(contexts),
         "reference_context": reference_context,

@@ -37,6 +37,7 @@ from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, PromptLookupDraft, proposes
 from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft, HeadSession, draft_session, target_taps, teacher_forced
+from adaptive.lean import open_cache
 from adaptive.sampling import GREEDY, STEP_FEATURES, SamplingConfig, arg_max, draft_features, sample, sampling_distribution
 from adaptive.traces import CopyTrace, TraceSet
 from adaptive.tree import attention_mask
@@ -225,7 +226,7 @@ def sampled_trace(
     ``depth - 1`` batched draft steps."""
     n, p = len(output), len(prompt)
     _check_prompt(draft, p)
-    reading = CachedModel(target, taps=target_taps(draft))
+    reading = open_cache(target, target_taps(draft))
     target_p = sampling_distribution(reading.forward(prompt + output)[p - 1 : p - 1 + n], sampling)
     session = draft_session(draft, reading)
     draft_logits = session.forward(prompt + output)[p - 1 : p - 1 + n]

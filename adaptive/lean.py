@@ -1,0 +1,306 @@
+"""A lean forward pass for Llama-family causal LMs: the decoders' fast path.
+
+transformers' eager forward spends a third of a decoding step outside the matrix products (dispatch, Python, a
+growing cache) and multiplies bf16 weights at about half the bandwidth llama.cpp reaches on the same CPU.
+:class:`LeanLlama` runs the same model with q/k/v and gate/up fused into one product each, a preallocated KV cache
+(rollback moves one integer), attention over the filled part only, and a choice of weights (:data:`WEIGHTS`):
+
+* ``model``: the model's own weights, in its dtype;
+* ``int8``: weight-only int8, one scale per output row (``torch._weight_int8pack_mm``);
+* ``int4``: weight-only int4 in groups of 32 with a scale and an offset each (``torch._weight_int4pack_mm_for_cpu``),
+  which reproduce a Q4_1 GGUF file's weights (the default target is shipped as one) up to float rounding; the output
+  head (the tied embedding, Q8_0 in that file) is int8.
+
+:func:`make_lean` attaches an engine to a loaded model; :func:`open_cache` gives a decoder the session for a model,
+lean where one is attached (:class:`LeanCache`), else transformers' own (:class:`~adaptive.cached_model.CachedModel`).
+Both have the same surface, so every single-sequence decoder runs on either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from adaptive.cached_model import CachedModel, output_vocabulary
+
+WEIGHTS = ("model", "int8", "int4")
+"""How :class:`LeanLlama` holds its matrices (see the module's docstring)."""
+GROUP = 32
+"""Weights per int4 group (Q4_1's block size)."""
+CACHE_BLOCK = 256
+"""Positions the KV cache grows by when it fills."""
+
+
+class Product:
+    """``x @ weight.T`` for ``x [n, K]``, with the weight held as :data:`WEIGHTS` says."""
+
+    def __init__(self, weight: torch.Tensor, kind: str, dtype: torch.dtype) -> None:
+        self.kind = kind
+        self.out_features = weight.shape[0]
+        weight = weight.detach().float()
+        if kind == "model":
+            self.weight = weight.to(dtype).contiguous()
+        elif kind == "int8":
+            scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+            self.weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+            self.scale = scale.to(dtype)
+        elif kind == "int4":
+            rows, columns = weight.shape
+            if columns % GROUP:
+                raise ValueError(f"int4 weights need input sizes that are multiples of {GROUP}, got {columns}")
+            groups = weight.reshape(rows, columns // GROUP, GROUP)
+            low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+            step = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
+            levels = ((groups - low) / step).round().clamp(0, 15).to(torch.int32).reshape(rows, columns)
+            self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+            offset = low + 8 * step  # the kernel reads level q as (q - 8) * step + offset
+            self.scale = torch.cat((step, offset), dim=-1).transpose(0, 1).contiguous().to(dtype)  # [groups, rows, 2]
+        else:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "model":
+            return F.linear(x, self.weight)
+        if self.kind == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scale)
+
+
+class KVCache:
+    """Keys and values of every layer for one sequence, preallocated ``[layers, kv_heads, capacity, head_dim]``
+    and grown in blocks of :data:`CACHE_BLOCK` positions; slots ``[0, length)`` hold the sequence."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.shape = (layers, kv_heads, 0, head_dim)
+        self.keys = torch.empty(self.shape, dtype=dtype, device=device)
+        self.values = torch.empty(self.shape, dtype=dtype, device=device)
+
+    def reserve(self, positions: int) -> None:
+        """Make room for ``positions`` slots."""
+        capacity = self.keys.shape[2]
+        if positions <= capacity:
+            return
+        grown = -(-positions // CACHE_BLOCK) * CACHE_BLOCK
+        layers, heads, _, dim = self.shape
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = torch.empty((layers, heads, grown, dim), dtype=old.dtype, device=old.device)
+            new[:, :, :capacity] = old
+            setattr(self, name, new)
+
+    def keep(self, columns: torch.Tensor) -> None:
+        """Move the slots at ``columns`` to the front, in that order."""
+        count = len(columns)
+        self.keys[:, :, :count] = self.keys.index_select(2, columns)
+        self.values[:, :, :count] = self.values.index_select(2, columns)
+
+
+class LeanLlama:
+    """The forward pass of a transformers Llama-family model (``LlamaForCausalLM`` and models with its layout:
+    RMSNorm, rotary embeddings of the default kind, grouped-query attention, a SiLU-gated MLP, no biases) over
+    a :class:`KVCache`, with its matrices held as ``weights`` says (:data:`WEIGHTS`)."""
+
+    def __init__(self, model: PreTrainedModel, weights: str = "int4") -> None:
+        check_layout(model)
+        config, body = model.config, model.model
+        self.weights = weights
+        self.dtype = next(model.parameters()).dtype
+        self.device = model.device
+        if weights != "model" and self.device.type != "cpu":
+            raise ValueError(f"{weights} weights run on the CPU only, the model is on {self.device}; use weights='model'")
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.layers = config.num_hidden_layers
+        self.eps = float(config.rms_norm_eps)
+        self.embedding = body.embed_tokens.weight.detach()
+        self.norms = [(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()) for layer in body.layers]
+        self.final_norm = body.norm.weight.detach()
+        self.qkv, self.out, self.gate_up, self.down = [], [], [], []
+        for layer in body.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            self.qkv.append(Product(torch.cat((attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight)), weights, self.dtype))
+            self.out.append(Product(attention.o_proj.weight, weights, self.dtype))
+            self.gate_up.append(Product(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)), weights, self.dtype))
+            self.down.append(Product(mlp.down_proj.weight, weights, self.dtype))
+        self.head = Product(model.lm_head.weight, "int8" if weights == "int4" else weights, self.dtype)
+        theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.device) / self.head_dim))
+
+    def new_cache(self) -> KVCache:
+        """An empty cache for one sequence."""
+        return KVCache(self.layers, self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """transformers' LlamaRMSNorm: normalised in float32, back to the activations' dtype, then scaled."""
+        return weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).to(x.dtype)
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[n, 1, head_dim]`` at ``positions``."""
+        angles = positions.float()[:, None] * self.inverse_frequencies
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits ``[n, V]`` of ``token_ids [n]`` at rotary ``positions [n]``, written to cache slots
+        ``start .. start + n`` and attending over slots ``[0, start + n)`` under ``mask`` (boolean ``[n, start + n]``,
+        True where attention is allowed; None: every slot, for one token); and the residual streams entering the
+        ``taps`` layers ``[n, hidden]`` each (transformers' ``hidden_states[i]``)."""
+        n, end = len(token_ids), start + len(token_ids)
+        cache.reserve(end)
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        group, half = heads // kv_heads, dim // 2
+        x = self.embedding[token_ids]  # [n, hidden]
+        cos, sin = self.rotary(positions)
+        if mask is not None:  # query rows are ordered (head within its key/value group, token): [group·n, end]
+            mask = mask.repeat(group, 1)
+        tapped = []
+        for index in range(self.layers):
+            if index in taps:
+                tapped.append(x)
+            attention_norm, mlp_norm = self.norms[index]
+            qkv = self.qkv[index](self.rms_norm(x, attention_norm))  # [n, (heads + 2·kv_heads)·dim]
+            qk = qkv[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim)
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary, queries and keys at once
+            cache.keys[index, :, start:end] = qk[:, heads:].transpose(0, 1)
+            cache.values[index, :, start:end] = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).transpose(0, 1)
+            queries = qk[:, :heads].transpose(0, 1).reshape(1, kv_heads, group * n, dim)  # each key/value head's queries together
+            attended = F.scaled_dot_product_attention(queries, cache.keys[None, index, :, :end], cache.values[None, index, :, :end], attn_mask=mask)
+            x = x + self.out[index](attended.view(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
+            gate, up = self.gate_up[index](self.rms_norm(x, mlp_norm)).chunk(2, dim=-1)
+            x = x + self.down[index](F.silu(gate) * up)
+        x = self.rms_norm(x, self.final_norm)
+        if self.layers in taps:
+            tapped.append(x)
+        return self.head(x), tapped
+
+
+def check_layout(model: PreTrainedModel) -> None:
+    """Raise ValueError unless ``model`` has the Llama layout :class:`LeanLlama` runs."""
+    config = model.config
+    body = getattr(model, "model", None)
+    layers = getattr(body, "layers", None)
+    problems = []
+    if layers is None or not hasattr(model, "lm_head"):
+        problems.append("no model.layers / lm_head")
+    else:
+        layer = layers[0]
+        attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if not all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            problems.append("attention without q/k/v/o projections")
+        if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+            problems.append("an MLP without gate/up/down projections")
+        if any(getattr(module, "bias", None) is not None for module in (attention.q_proj, mlp.gate_proj, model.lm_head) if module is not None):
+            problems.append("biases")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        problems.append(f"activation {config.hidden_act}")
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"rotary embeddings of type {rope['rope_type']}")
+    if problems:
+        raise ValueError(f"the lean forward runs Llama-layout models; {type(model).__name__} has {', '.join(problems)}: use --engine eager")
+
+
+class LeanCache:
+    """A model and its :class:`KVCache` for one sequence through :class:`LeanLlama`: the surface of
+    :class:`~adaptive.cached_model.CachedModel` (feed tokens, read logits, roll back, keep a tree's path, keep
+    the ``taps`` layers' hidden states in :attr:`tapped`)."""
+
+    deterministic = False
+
+    def __init__(self, model: PreTrainedModel, engine: LeanLlama, taps: tuple[int, ...] | None = None) -> None:
+        self.model = model
+        self.engine = engine
+        self.device = engine.device
+        self.dtype = engine.dtype
+        self.taps = taps
+        self.vocabulary = output_vocabulary(model)
+        self.cache = engine.new_cache()
+        self.hidden = torch.empty(0, len(taps or ()) * model.config.hidden_size, dtype=self.dtype, device=self.device)
+        self.length = 0
+
+    @property
+    def tapped(self) -> torch.Tensor:
+        """The tapped hidden states of every cached position, concatenated: ``[length, len(taps)·hidden]``."""
+        return self.hidden[: self.length]
+
+    def reset(self) -> None:
+        """Start a new sequence (the cache's memory is kept)."""
+        self.length = 0
+
+    def can_draft(self, confirmed: int) -> bool:
+        return True
+
+    def begin_round(self) -> None:
+        """A round starts (nothing to do)."""
+
+    @torch.inference_mode()
+    def _run(self, token_ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
+        logits, tapped = self.engine(ids, positions, self.cache, self.length, mask, self.taps or ())
+        end = self.length + len(ids)
+        if self.taps:
+            if self.hidden.shape[0] < end:
+                grown = torch.empty(-(-end // CACHE_BLOCK) * CACHE_BLOCK, self.hidden.shape[1], dtype=self.dtype, device=self.device)
+                grown[: self.length] = self.hidden[: self.length]
+                self.hidden = grown
+            self.hidden[self.length : end] = torch.cat(tapped, dim=-1)
+        self.length = end
+        return logits
+
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append ``token_ids`` after the cached prefix; return their logits ``[len(token_ids), V]``."""
+        n = len(token_ids)
+        positions = torch.arange(self.length, self.length + n, device=self.device)
+        mask = None
+        if n > 1:
+            columns = torch.arange(self.length + n, device=self.device)
+            mask = columns[None, :] <= positions[:, None]
+        return self._run(token_ids, positions, mask)
+
+    def forward_masked(self, token_ids: Sequence[int], positions: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
+        """Append ``token_ids`` at rotary ``positions`` under an additive attention ``mask`` ``[1, 1, n, length + n]``
+        (0 where allowed, -inf elsewhere: draft trees); return their logits ``[n, V]``."""
+        allowed = mask[0, 0] == 0
+        return self._run(token_ids, torch.tensor(list(positions), dtype=torch.long, device=self.device), allowed)
+
+    @torch.inference_mode()
+    def keep(self, columns: Sequence[int]) -> None:
+        """Keep only the cache entries at ``columns`` (in that order): a tree's accepted path after its context."""
+        if any(not 0 <= c < self.length for c in columns):
+            raise ValueError(f"cache columns must lie in [0, {self.length}), got {list(columns)}")
+        index = torch.tensor(list(columns), dtype=torch.long, device=self.device)
+        self.cache.keep(index)
+        if self.taps:
+            self.hidden[: len(index)] = self.hidden.index_select(0, index)
+        self.length = len(index)
+
+    def rollback(self, length: int) -> None:
+        """Discard cached entries past ``length`` (keep the first ``length`` tokens)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to length {length}: the cache holds {self.length} tokens")
+        self.length = length
+
+
+def make_lean(model: PreTrainedModel, weights: str = "int4") -> PreTrainedModel:
+    """Attach a :class:`LeanLlama` with ``weights`` to ``model`` (which is returned): every decoder that opens its
+    cache with :func:`open_cache` then runs it through the lean forward."""
+    model.lean_engine = LeanLlama(model, weights)
+    return model
+
+
+def open_cache(model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> CachedModel | LeanCache:
+    """A one-sequence cached session of ``model``: lean where :func:`make_lean` attached an engine, else transformers'."""
+    engine = getattr(model, "lean_engine", None)
+    return LeanCache(model, engine, taps) if engine is not None else CachedModel(model, taps=taps)

@@ -1,0 +1,145 @@
+"""The lean forward (adaptive/lean.py): transformers' logits, hidden states and tree attention reproduced; int4 and int8
+weights that reproduce weights already on their grid; every single-sequence decoder on a lean target greedy-identical
+to plain decoding of it, and exact under sampling (the naive rule detected by the same test)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_decoder_exactness import HEAD_PROMPT, assert_exact_or_detected
+
+from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, residual_correction
+from adaptive.cached_model import CachedModel
+from adaptive.copy_draft import CopyDraft
+from adaptive.decoder import generate_plain
+from adaptive.lean import GROUP, LeanCache, LeanLlama, make_lean, open_cache
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
+from policies import StaticDepth
+
+PROMPT = [3, 7, 1, 12, 5, 9]
+
+
+def ancestors_mask(length: int, parents: list[int]) -> torch.Tensor:
+    """The additive mask ``[1, 1, n, length + n]`` of a tree after ``length`` context tokens: each node sees the
+    context, its ancestors and itself (parent -1: the context)."""
+    n = len(parents)
+    mask = torch.full((1, 1, n, length + n), float("-inf"), dtype=torch.float64)
+    mask[..., :length] = 0
+    for node in range(n):
+        seen = node
+        while seen >= 0:
+            mask[0, 0, node, length + seen] = 0
+            seen = parents[seen]
+    return mask
+
+
+def test_the_lean_forward_gives_transformers_logits_hidden_states_and_tree_attention(target):
+    """Prefill, single steps, a draft tree under its mask, keep and rollback: the lean session's logits and tapped
+    hidden states (every layer, the final normed one included) equal transformers' (float64)."""
+    taps = (0, 1, 2)
+    lean, reference = LeanCache(target, LeanLlama(target, "model"), taps), CachedModel(target, taps=taps)
+    for model in (lean, reference):
+        model.prefill = model.forward(PROMPT)
+    torch.testing.assert_close(lean.prefill, reference.prefill, rtol=0, atol=1e-10)
+    for token in (4, 11):
+        torch.testing.assert_close(lean.forward([token]), reference.forward([token]), rtol=0, atol=1e-10)
+    parents = [-1, 0, 0, 1]
+    length = lean.length
+    mask = ancestors_mask(length, parents)
+    positions = [length, length + 1, length + 1, length + 2]
+    torch.testing.assert_close(lean.forward_masked([2, 6, 8, 10], positions, mask), reference.forward_masked([2, 6, 8, 10], positions, mask), rtol=0, atol=1e-10)
+    torch.testing.assert_close(lean.tapped, reference.tapped, rtol=0, atol=1e-10)
+    path = [*range(length), length, length + 1, length + 3]  # the branch 2 -> 6 -> 10 accepted
+    for model in (lean, reference):
+        model.keep(path)
+    torch.testing.assert_close(lean.forward([13]), reference.forward([13]), rtol=0, atol=1e-10)
+    for model in (lean, reference):
+        model.rollback(4)
+    torch.testing.assert_close(lean.forward([0, 15]), reference.forward([0, 15]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(lean.tapped, reference.tapped, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="cannot roll back to length 99"):
+        lean.rollback(99)
+
+
+def on_grid(model: torch.nn.Module) -> None:
+    """Round ``model``'s matrices to the grids int4 (groups of 32, 16 levels from the group's minimum: Q4_1) and int8
+    (one scale per row: the output head) hold exactly."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() != 2 or "embed" in name:
+                continue
+            if name.startswith("lm_head"):
+                scale = parameter.abs().amax(dim=1, keepdim=True) / 127
+                parameter.copy_((parameter / scale).round() * scale)
+                continue
+            groups = parameter.reshape(parameter.shape[0], -1, GROUP)
+            low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+            step = (high - low) / 15
+            parameter.copy_((((groups - low) / step).round() * step + low).reshape(parameter.shape))
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_low_bit_weights_reproduce_a_model_whose_weights_lie_on_their_grid(weights):
+    """A float32 model rounded to Q4_1's grid (int4) or to one scale per row (int8): the lean low-bit forward gives its
+    logits up to float rounding; on the model's unrounded weights the difference is larger (the test can fail)."""
+    model = tiny_llama(seed=3, vocab=64, hidden=64, dtype=torch.float32)
+    if weights == "int8":
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.dim() == 2:
+                    scale = parameter.abs().amax(dim=1, keepdim=True) / 127
+                    parameter.copy_((parameter / scale).round() * scale)
+    else:
+        on_grid(model)
+    lean, reference = LeanCache(model, LeanLlama(model, weights)), CachedModel(model)
+    torch.testing.assert_close(lean.forward(PROMPT), reference.forward(PROMPT), rtol=0, atol=2e-4)
+    torch.testing.assert_close(lean.forward([8]), reference.forward([8]), rtol=0, atol=2e-4)
+    rough = tiny_llama(seed=3, vocab=64, hidden=64, dtype=torch.float32)
+    difference = (LeanCache(rough, LeanLlama(rough, weights)).forward(PROMPT) - CachedModel(rough).forward(PROMPT)).abs().max()
+    assert difference > 1e-2
+
+
+def test_a_model_of_another_layout_and_bad_weights_are_refused(target):
+    with pytest.raises(ValueError, match="weights must be one of model, int8, int4, got 'int3'"):
+        LeanLlama(target, "int3")
+    model = tiny_llama(seed=0)
+    model.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="activation gelu.*--engine eager"):
+        make_lean(model, "model")
+
+
+@pytest.fixture(scope="module")
+def lean_target():
+    """The session's tiny target (same seed, same weights) with a lean engine attached."""
+    return make_lean(tiny_llama(seed=0), "model")
+
+
+@pytest.mark.parametrize("draft_name", ["near_draft", "eagle_head", "copy"])
+def test_every_decoder_on_a_lean_target_is_greedy_identical_to_plain_decoding(lean_target, draft_name, request):
+    """Chains (a model draft, made lean too; an EAGLE-3 head reading the lean target's hidden states; the copy
+    drafter) and trees, on a lean target: the tokens of plain decoding of that target."""
+    assert isinstance(open_cache(lean_target), LeanCache)
+    draft = CopyDraft() if draft_name == "copy" else request.getfixturevalue(draft_name)
+    if draft_name == "near_draft":
+        draft = tiny_llama(seed=0)
+        draft.load_state_dict(request.getfixturevalue("near_draft").state_dict())
+        make_lean(draft, "model")
+    plain = generate_plain(lean_target, PROMPT, max_new_tokens=40).token_ids
+    chain = SpeculativeDecoder(lean_target, draft, StaticDepth(3))
+    assert isinstance(chain.target, LeanCache)
+    assert chain.generate(PROMPT, max_new_tokens=40).token_ids == plain
+    if draft_name != "copy":
+        tree = TreeDecoder(lean_target, draft, StaticDepth(3), TreeShape(2, 2, 6))
+        assert tree.generate(PROMPT, max_new_tokens=40).token_ids == plain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("correction", [residual_correction, naive_correction], ids=["residual", "naive"])
+def test_a_lean_target_and_head_keep_the_target_distribution_and_naive_resampling_does_not(lean_target, eagle_head, correction):
+    """T = 1, static:2, an EAGLE-3 head reading the lean target's states: the two-token distribution of the target
+    (enumerated with transformers' forward) within 5σ with the residual rule; the naive rule is detected."""
+    decoder = SpeculativeDecoder(lean_target, eagle_head, StaticDepth(2), SamplingConfig(1.0), correction=correction)
+    assert isinstance(decoder.target, LeanCache)
+    assert_exact_or_detected(decoder, lean_target, HEAD_PROMPT, correction)
