@@ -304,3 +304,20 @@ def open_cache(model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> C
     """A one-sequence cached session of ``model``: lean where :func:`make_lean` attached an engine, else transformers'."""
     engine = getattr(model, "lean_engine", None)
     return LeanCache(model, engine, taps) if engine is not None else CachedModel(model, taps=taps)
+
+
+ENGINES = {"eager": None, "lean": "model", "lean-int8": "int8", "lean-int4": "int4"}
+"""What ``--engine`` takes: transformers' eager forward, or the lean one with the model's weights, int8 or int4."""
+
+
+def use_engine(models: Sequence[object], engine: str) -> None:
+    """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`); heads,
+    distilled drafts and the copy drafter keep their own forward."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    for model in models:
+        if isinstance(model, PreTrainedModel):
+            if ENGINES[engine] is None:
+                model.__dict__.pop("lean_engine", None)
+            else:
+                make_lean(model, ENGINES[engine])

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from adaptive.generation import GenerationResult
+from adaptive.lean import ENGINES, use_engine
 from adaptive.pair import COPY, PAIRS, ModelPair, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
@@ -45,6 +46,17 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
 
 
+def add_engine_argument(parser: argparse.ArgumentParser) -> None:
+    """--engine: the forward every single-sequence decoder of the command runs (:data:`adaptive.lean.ENGINES`)."""
+    parser.add_argument(
+        "--engine",
+        default="eager",
+        choices=list(ENGINES),
+        help="the target's (and a standalone draft's) forward: eager (transformers, the default), lean (fused products, "
+        "preallocated cache), lean-int8 or lean-int4 (weight-only low-bit products; int4 holds the shipped Q4_1 weights)",
+    )
+
+
 def add_worker_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     """--workers and --address: run the command's independent tasks on Ray (:mod:`lab.scale`)."""
     parser.add_argument(
@@ -58,14 +70,17 @@ def add_worker_arguments(parser: argparse.ArgumentParser, what: str) -> None:
 
 def pair_from_arguments(args: argparse.Namespace) -> ModelPair:
     """The pair named by --pair (its target with the copy drafter under --draft copy), or the one given by
-    --target and --draft."""
+    --target and --draft; run through --engine where the command has it."""
     if args.pair:
         if args.draft not in (None, COPY):
             raise ValueError(f"--pair {args.pair} brings its own draft; with --pair, --draft may only be {COPY!r} (got {args.draft!r})")
-        return (load_copy_pair if args.draft == COPY else load_pair)(args.pair, args.dtype, args.device)
-    if not (args.target and args.draft):
+        pair = (load_copy_pair if args.draft == COPY else load_pair)(args.pair, args.dtype, args.device)
+    elif not (args.target and args.draft):
         raise ValueError("give --pair NAME, or both --target PATH and --draft PATH")
-    return load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
+    else:
+        pair = load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
+    use_engine((pair.target, pair.draft), getattr(args, "engine", "eager"))
+    return pair
 
 
 def pair_name(args: argparse.Namespace) -> str:

@@ -16,7 +16,7 @@ from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
-from lab.cli.common import add_pair_arguments, floats, pair_from_arguments, print_rounds, summary_row
+from lab.cli.common import add_engine_argument, add_pair_arguments, floats, pair_from_arguments, print_rounds, summary_row
 from lab.report import format_table
 from policies import make_policy
 
@@ -78,7 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.warmup:
         run(prompt, min(8, args.max_new_tokens))
     result = run(prompt, args.max_new_tokens)
-    print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}\n")
+    print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}  engine: {args.engine}\n")
     if result.stop_reason == "context":
         print(f"note: stopped after {len(result.token_ids)} new tokens, where the prompt and the output fill the model's positions\n")
     print(f"{args.prompt}\n--> {result.text}\n")
@@ -163,6 +163,7 @@ def register(commands) -> None:
     gen = commands.add_parser("generate", help="speculative decoding of one prompt with per-round statistics")
     gen.add_argument("prompt", help="the prompt text")
     add_pair_arguments(gen)
+    add_engine_argument(gen)
     gen.add_argument("--policy", default="static:4", help=POLICY_HELP)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens")
@@ -181,6 +182,7 @@ def register(commands) -> None:
 
     demo = commands.add_parser("demo", help="decode one test prompt per language, speculative vs plain, with speedups")
     add_pair_arguments(demo)
+    add_engine_argument(demo)
     demo.set_defaults(pair="smollm2-135m")
     demo.add_argument("--policy", default="entropy", help="draft policy spec (default entropy: the fastest baseline measured on the default pair)")
     demo.add_argument("--temperature", type=float, default=0.0)
