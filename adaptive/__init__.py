@@ -17,6 +17,7 @@ from adaptive.costmodel import expected_tokens, expected_tokens_from_lengths, op
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.exactness import induced_distribution, monte_carlo_audit, total_variation
 from adaptive.generation import GenerationResult
+from adaptive.lean import make_lean
 from adaptive.learned_policy import LearnedPolicy, load_policy
 from adaptive.pair import ModelPair, check_compatible, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.policy import BasePolicy, DraftPolicy, DraftState, DraftStep, RoundStats
@@ -27,6 +28,7 @@ from adaptive.tree_decoder import TreeDecoder
 from adaptive.verification import naive_correction, residual_correction, verify_block
 
 __all__ = [
+    "make_lean",
     "GREEDY",
     "BasePolicy",
     "CopyDraft",

@@ -143,3 +143,18 @@ def test_a_lean_target_and_head_keep_the_target_distribution_and_naive_resamplin
     decoder = SpeculativeDecoder(lean_target, eagle_head, StaticDepth(2), SamplingConfig(1.0), correction=correction)
     assert isinstance(decoder.target, LeanCache)
     assert_exact_or_detected(decoder, lean_target, HEAD_PROMPT, correction)
+
+
+def test_the_engine_switch_makes_llama_models_lean_and_back_and_names_a_bad_engine(eagle_head):
+    """--engine's use_engine: a Llama-layout model gets the lean forward (a head keeps its own), eager takes it away,
+    and an unknown engine is refused naming the allowed ones."""
+    from adaptive.lean import use_engine
+
+    model = tiny_llama(seed=0)
+    use_engine((model, eagle_head), "lean-int8")
+    assert isinstance(open_cache(model), LeanCache) and open_cache(model).engine.weights == "int8"
+    assert not hasattr(eagle_head, "lean_engine")
+    use_engine((model,), "eager")
+    assert type(open_cache(model)) is CachedModel
+    with pytest.raises(ValueError, match="engine must be one of eager, lean, lean-int8, lean-int4, got 'fast'"):
+        use_engine((model,), "fast")
