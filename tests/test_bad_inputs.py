@@ -267,3 +267,27 @@ def test_generation_stops_where_the_context_is_full_in_every_decoder(short_conte
         assert result.stop_reason == "context" and len(result.token_ids) == 14
     assert chain.token_ids == plain.token_ids == tree.token_ids == batched.token_ids  # greedy identity up to the limit
     assert generate_plain(target, prompt, 5).stop_reason == "length"
+
+
+def test_a_crafted_batch_policy_and_a_pickled_model_folder_run_nothing(tmp_path):
+    """A batch policy whose weights (or sidecar) are a pickle, and a model folder that has only pickled weights
+    (``pytorch_model.bin``): refused by name, no payload runs."""
+    from adaptive.learned_batch_policy import FORMAT, SIDECAR, WEIGHTS, load_batch_policy
+    from adaptive.pair import load_model
+
+    canary, folder = tmp_path / "canary", tmp_path / "batch-policy"
+    folder.mkdir()
+    (folder / SIDECAR).write_text(json.dumps({"format": FORMAT, "layers": [4, 3], "schema": {}, "profile": {}}))
+    (folder / WEIGHTS).write_bytes(pickle.dumps(Payload(canary)))
+    with pytest.raises(ValueError, match=WEIGHTS):
+        load_batch_policy(folder)
+    (folder / SIDECAR).write_bytes(pickle.dumps(Payload(canary)))
+    with pytest.raises(ValueError, match=SIDECAR):
+        load_batch_policy(folder)
+    model_folder = tmp_path / "model"
+    tiny_llama(0).save_pretrained(model_folder)
+    (model_folder / "model.safetensors").unlink()
+    torch.save({"weights": Payload(canary)}, model_folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="safetensors weights and config.json expected"):
+        load_model(model_folder, "float32")
+    assert not canary.exists()

@@ -49,7 +49,8 @@ def test_the_lean_forward_gives_transformers_logits_hidden_states_and_tree_atten
     length = lean.length
     mask = ancestors_mask(length, parents)
     positions = [length, length + 1, length + 1, length + 2]
-    torch.testing.assert_close(lean.forward_masked([2, 6, 8, 10], positions, mask), reference.forward_masked([2, 6, 8, 10], positions, mask), rtol=0, atol=1e-10)
+    tree = [2, 6, 8, 10]
+    torch.testing.assert_close(lean.forward_masked(tree, positions, mask), reference.forward_masked(tree, positions, mask), rtol=0, atol=1e-10)
     torch.testing.assert_close(lean.tapped, reference.tapped, rtol=0, atol=1e-10)
     path = [*range(length), length, length + 1, length + 3]  # the branch 2 -> 6 -> 10 accepted
     for model in (lean, reference):
