@@ -310,6 +310,12 @@ ENGINES = {"eager": None, "lean": "model", "lean-int8": "int8", "lean-int4": "in
 """What ``--engine`` takes: transformers' eager forward, or the lean one with the model's weights, int8 or int4."""
 
 
+def engine_of(model: object) -> str:
+    """The :data:`ENGINES` name ``model`` runs through."""
+    engine = getattr(model, "lean_engine", None)
+    return "eager" if engine is None else next(name for name, weights in ENGINES.items() if weights == engine.weights)
+
+
 def use_engine(models: Sequence[object], engine: str) -> None:
     """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`); heads,
     distilled drafts and the copy drafter keep their own forward."""

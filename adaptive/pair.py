@@ -13,6 +13,7 @@ from adaptive.cached_model import output_vocab_size
 from adaptive.copy_draft import CopyDraft
 from adaptive.draft_model import WEIGHTS, load_draft
 from adaptive.eagle3 import is_head_folder, load_head
+from adaptive.lean import use_engine
 from adaptive.models import smollm2_folder
 from adaptive.precision import DEFAULT_DTYPE, DTYPES, resolve_dtype
 
@@ -84,8 +85,9 @@ def named_pair(name: str) -> NamedPair:
     return PAIRS[name]
 
 
-def load_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> ModelPair:
-    """Load a named pair, e.g. ``load_pair("smollm2-135m")``; no network needed.
+def load_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu", engine: str = "eager") -> ModelPair:
+    """Load a named pair, e.g. ``load_pair("smollm2-135m")``; no network needed. ``engine``: the forward its
+    target runs through (:data:`adaptive.lean.ENGINES`).
 
     Example:
         >>> pair = load_pair("smollm2-135m")  # doctest: +SKIP
@@ -93,6 +95,7 @@ def load_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu") -> Mod
     """
     pair = load_pair_from_paths(smollm2_folder(), ASSETS / named_pair(name).draft, dtype, device)
     pair.name = name
+    use_engine((pair.target, pair.draft), engine)
     return pair
 
 

@@ -19,7 +19,7 @@ from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.generation import Clock
-from adaptive.lean import open_cache
+from adaptive.lean import engine_of, open_cache
 from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask
@@ -160,6 +160,7 @@ def profile_pair(
     summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")
+    result["engine"] = engine_of(target)
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return CostProfile.from_dict(result)
 

@@ -116,9 +116,11 @@ def make_live_env(
     episode: str = "cycle",
     dtype: str = DEFAULT_DTYPE,
     schema_version: int | None = None,
+    engine: str = "eager",
 ) -> SpecDecodeEnv:
-    """Live env over a named pair (at ``dtype``) and a workload split (chat-formatted prompts)."""
-    loaded = load_pair(pair, dtype)
+    """Live env over a named pair (at ``dtype``, its target run through ``engine``) and a workload split
+    (chat-formatted prompts)."""
+    loaded = load_pair(pair, dtype, engine=engine)
     decoder = SpeculativeDecoder(loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth)
     prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
     if not isinstance(profile, CostProfile):

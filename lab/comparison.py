@@ -178,7 +178,9 @@ def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
-    pair = live_protocol.warm_pair(config.pair, config.dtype) if live_per_language or grid_live_per_language or calibration_per_language else None
+    pair = (
+        live_protocol.warm_pair(config.pair, config.dtype, config.engine) if live_per_language or grid_live_per_language or calibration_per_language else None
+    )
     elsewhere = hardware_differences(profile.hardware, hardware_description(pair.target.device)) if pair else []
     if elsewhere:
         logger.warning("%s was measured on other hardware (%s): live runs judge policies fitted to it off their machine", config.env.profile, elsewhere)

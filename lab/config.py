@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from adaptive.lean import ENGINES
 from adaptive.observation import VERSIONS
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
@@ -164,6 +165,9 @@ class ExperimentConfig:
     dtype: str = DEFAULT_DTYPE
     """the pair's precision for live decoding and measured profiles: auto (bfloat16 where this machine multiplies it
     natively, else float32), float32, bfloat16 or float16"""
+    engine: str = "eager"
+    """the target's forward for live decoding and measured profiles: eager (transformers), lean, lean-int8 or lean-int4
+    (adaptive.lean.ENGINES)"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)
@@ -184,6 +188,7 @@ class ExperimentConfig:
         if self.init_from is not None and not ((Path(self.init_from) / "checkpoints").is_dir() and (Path(self.init_from) / "state.json").is_file()):
             raise ConfigError(f"init_from must be a training run folder (with state.json and checkpoints/), got {self.init_from!r}")
         _one_of("dtype", self.dtype, DTYPE_CHOICES)
+        _one_of("engine", self.engine, tuple(ENGINES))
         _at_least("checkpoint_every", self.checkpoint_every, 1)
         _at_least("eval_episodes", self.eval_episodes, 1)
         self.env.validate("env")

@@ -189,7 +189,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     live_tasks: dict = {}
     live_gains: dict = {}
     if live_per_language:
-        pair = live_protocol.warm_pair(config.pair, config.dtype)
+        pair = live_protocol.warm_pair(config.pair, config.dtype, config.engine)
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language, LIVE_TASKS)
         decoders = live_decoders(pair, {name: c for name, c in chosen.items() if name.startswith(LIVE)}, config.env.max_depth)
         checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)

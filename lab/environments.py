@@ -40,7 +40,7 @@ def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | No
     env = config.env
     if max_verify is None:
         max_verify = max(env.max_depth, env.tree_size if env.tree else 0) + 1
-    profile = quick_profile(load_pair(config.pair, config.dtype), max_verify, env.tree).with_metadata(measured_for=config.name)
+    profile = quick_profile(load_pair(config.pair, config.dtype, engine=config.engine), max_verify, env.tree).with_metadata(measured_for=config.name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "profile.json"
     profile.save(path)
@@ -92,6 +92,7 @@ def make_env(config: ExperimentConfig, decision: str, partner: DraftPolicy | Non
         env.decision_seconds,
         dtype=config.dtype,
         schema_version=version,
+        engine=config.engine,
     )
 
 

@@ -98,8 +98,9 @@ def chain_decoders(pair, policies: dict[str, Callable[[], DraftPolicy]], max_dep
     }
 
 
-def warm_pair(name: str, dtype: str = DEFAULT_DTYPE):
-    pair = load_pair(name, dtype)
+def warm_pair(name: str, dtype: str = DEFAULT_DTYPE, engine: str = "eager"):
+    """The named pair, its target run through ``engine``, after one short plain generation."""
+    pair = load_pair(name, dtype, engine=engine)
     generate_plain(pair.target, chat_ids(pair.tokenizer, "Hello"), 4)
     return pair
 

@@ -87,7 +87,7 @@ def evaluate_trees(
         f"chain grid (static:{chain_best})": play(chain_backend, lambda: StaticDepth(chain_best), range(len(test_chain)), test_chain.langs, seconds),
         f"tree grid (static:{tree_depth}, V={tree_size})": play(tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds),
     }
-    pair = live_protocol.warm_pair(config.pair, config.dtype) if live_per_language else None
+    pair = live_protocol.warm_pair(config.pair, config.dtype, config.engine) if live_per_language else None
     decoders: dict[str, Callable[[], object]] = {}
     if pair is not None:
         decoders[f"chain grid (static:{chain_best})"] = lambda: SpeculativeDecoder(pair.target, pair.draft, StaticDepth(chain_best), max_depth=depth)

@@ -159,3 +159,13 @@ def test_the_engine_switch_makes_llama_models_lean_and_back_and_names_a_bad_engi
     assert type(open_cache(model)) is CachedModel
     with pytest.raises(ValueError, match="engine must be one of eager, lean, lean-int8, lean-int4, got 'fast'"):
         use_engine((model,), "fast")
+
+
+def test_a_profile_says_the_engine_it_was_measured_on(near_draft):
+    """profile_pair on a lean target records ``engine: lean`` (eager: ``eager``), so a profile is never read as
+    another engine's costs."""
+    from adaptive.profiling import profile_pair
+
+    model = make_lean(tiny_llama(seed=0), "model")
+    assert profile_pair(model, near_draft, max_verify=2, contexts=(8,), reference_context=8, repetitions=1).document["engine"] == "lean"
+    assert profile_pair(tiny_llama(seed=0), near_draft, max_verify=2, contexts=(8,), reference_context=8, repetitions=1).document["engine"] == "eager"

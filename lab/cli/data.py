@@ -22,7 +22,7 @@ from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS, load_prompts
-from lab.cli.common import add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
+from lab.cli.common import add_engine_argument, add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import POOL, SHARDS, generate_shards
 from lab.distill_eagle3 import Eagle3Kind
@@ -75,7 +75,8 @@ def _check_speed(path: Path, args: argparse.Namespace) -> int:
         if "pair" not in document:
             raise ValueError(f"{path} does not name its pair: give --pair NAME (or --target and --draft) with --speed")
         args.pair = document["pair"]
-    args.dtype = document.get("dtype", args.dtype)  # the profile's precision, whatever --dtype says
+    args.dtype = document.get("dtype", args.dtype)  # the profile's precision and engine, whatever --dtype and --engine say
+    args.engine = document.get("engine", "eager")
     recorded = CostProfile.from_dict(document, str(path))
     reference = recorded.document["reference_context"]
     pair = pair_from_arguments(args)
@@ -124,7 +125,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     ).with_metadata(pair=pair.name)
     profile.save(args.out)
     document, hw = profile.document, profile.hardware
-    print(f"pair {pair.name}, {document['dtype']}, {hw['processor']} ({hw['torch_threads']} threads), {args.repetitions} repetitions, medians")
+    setting = f"{document['dtype']}, engine {document['engine']}, {hw['processor']} ({hw['torch_threads']} threads)"
+    print(f"pair {pair.name}, {setting}, {args.repetitions} repetitions, medians")
     print(f"target step {profile.target_step_ms:.2f} ms, draft step {document['draft_step_ms']:.2f} ms at context {args.reference_context}")
     rows = []
     for gamma in range(0, args.max_verify):
@@ -192,7 +194,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         "copy": CopyDraft() if args.copy else None,
     }
     if wants_ray(args.workers, args.address):
-        load = functools.partial(pair_from_arguments, argparse.Namespace(**{k: getattr(args, k) for k in ("pair", "target", "draft", "dtype", "device")}))
+        load = functools.partial(
+            pair_from_arguments, argparse.Namespace(**{k: getattr(args, k) for k in ("pair", "target", "draft", "dtype", "device", "engine")})
+        )
         traces = record_chains_sharded(load, name, prompts, workers=args.workers, address=args.address, **settings)
     else:
         traces = record_chains(pair_from_arguments(args), name, prompts, **settings)
@@ -269,6 +273,7 @@ def register(commands) -> None:
     """Add this module's subcommands to the ``adaptive`` parser."""
     prof = commands.add_parser("profile", help="measure draft step and verification costs of a pair on this machine")
     add_pair_arguments(prof)
+    add_engine_argument(prof)
     prof.add_argument("--out", default="profiles/profile.json", help="where to write the JSON profile")
     prof.add_argument("--max-verify", type=int, default=32, help="largest number of tokens verified at once")
     prof.add_argument("--contexts", default="64,128,512", help="context lengths to measure at")
@@ -292,6 +297,7 @@ def register(commands) -> None:
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     add_pair_arguments(rec)
+    add_engine_argument(rec)
     rec.add_argument("--split", default="train", choices=["train", "val", "test"])
     rec.add_argument("--lang", choices=LANGUAGES, help="only this language")
     rec.add_argument("--limit", type=int, help="only the first N prompts")
