@@ -18,13 +18,16 @@ Both have the same surface, so every single-sequence decoder runs on either.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel, output_vocabulary
+from adaptive.models import cache_root
 
 WEIGHTS = ("model", "int8", "int4")
 """How :class:`LeanLlama` holds its matrices (see the module's docstring)."""
@@ -70,32 +73,32 @@ class Product:
 
 
 class KVCache:
-    """Keys and values of every layer for one sequence, preallocated ``[layers, kv_heads, capacity, head_dim]``
-    and grown in blocks of :data:`CACHE_BLOCK` positions; slots ``[0, length)`` hold the sequence."""
+    """Keys and values of every layer for one sequence, preallocated ``[kv_heads, capacity, head_dim]`` per layer
+    (one tensor each, so a compiled step writes its slots in place) and grown in blocks of :data:`CACHE_BLOCK`
+    positions; slots ``[0, length)`` hold the sequence."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.shape = (layers, kv_heads, 0, head_dim)
-        self.keys = torch.empty(self.shape, dtype=dtype, device=device)
-        self.values = torch.empty(self.shape, dtype=dtype, device=device)
+        self.keys = [torch.empty((kv_heads, 0, head_dim), dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.empty((kv_heads, 0, head_dim), dtype=dtype, device=device) for _ in range(layers)]
 
     def reserve(self, positions: int) -> None:
         """Make room for ``positions`` slots."""
-        capacity = self.keys.shape[2]
+        capacity = self.keys[0].shape[1]
         if positions <= capacity:
             return
         grown = -(-positions // CACHE_BLOCK) * CACHE_BLOCK
-        layers, heads, _, dim = self.shape
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = torch.empty((layers, heads, grown, dim), dtype=old.dtype, device=old.device)
-            new[:, :, :capacity] = old
-            setattr(self, name, new)
+        for tensors in (self.keys, self.values):
+            for index, old in enumerate(tensors):
+                new = old.new_empty((old.shape[0], grown, old.shape[2]))
+                new[:, :capacity] = old
+                tensors[index] = new
 
     def keep(self, columns: torch.Tensor) -> None:
         """Move the slots at ``columns`` to the front, in that order."""
         count = len(columns)
-        self.keys[:, :, :count] = self.keys.index_select(2, columns)
-        self.values[:, :, :count] = self.values.index_select(2, columns)
+        for tensors in (self.keys, self.values):
+            for tensor in tensors:
+                tensor[:, :count] = tensor.index_select(1, columns)
 
 
 class LeanLlama:
@@ -103,7 +106,7 @@ class LeanLlama:
     RMSNorm, rotary embeddings of the default kind, grouped-query attention, a SiLU-gated MLP, no biases) over
     a :class:`KVCache`, with its matrices held as ``weights`` says (:data:`WEIGHTS`)."""
 
-    def __init__(self, model: PreTrainedModel, weights: str = "int4") -> None:
+    def __init__(self, model: PreTrainedModel, weights: str = "int4", compiled: bool = False) -> None:
         check_layout(model)
         config, body = model.config, model.model
         self.weights = weights
@@ -128,6 +131,10 @@ class LeanLlama:
         self.head = Product(model.lm_head.weight, "int8" if weights == "int4" else weights, self.dtype)
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.device) / self.head_dim))
+        self.compiled = compiled
+        self.step = torch.compile(self._step, dynamic=None, fullgraph=True) if compiled else None
+        """One token without a mask (plain decoding's step), compiled by inductor: the small ops of each layer fused
+        into a few loops, attention included (:meth:`fused_attention`)."""
 
     def new_cache(self) -> KVCache:
         """An empty cache for one sequence."""
@@ -143,6 +150,14 @@ class LeanLlama:
         angles = torch.cat((angles, angles), dim=-1)[:, None, :]
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
+    def fused_attention(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Softmax attention of one query per head ``queries [kv_heads, group, dim]`` over ``keys``/``values``
+        ``[kv_heads, L, dim]``, written as products and sums that inductor fuses into one loop (in float32 for
+        16-bit models)."""
+        compute = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
+        scores = (queries.to(compute)[:, :, None, :] * keys.to(compute)[:, None, :, :]).sum(-1) * self.head_dim**-0.5
+        return (scores.softmax(-1)[..., None] * values.to(compute)[:, None, :, :]).sum(-2).to(queries.dtype)
+
     @torch.inference_mode()
     def __call__(
         self,
@@ -156,9 +171,28 @@ class LeanLlama:
         """Logits ``[n, V]`` of ``token_ids [n]`` at rotary ``positions [n]``, written to cache slots
         ``start .. start + n`` and attending over slots ``[0, start + n)`` under ``mask`` (boolean ``[n, start + n]``,
         True where attention is allowed; None: every slot, for one token); and the residual streams entering the
-        ``taps`` layers ``[n, hidden]`` each (transformers' ``hidden_states[i]``)."""
+        ``taps`` layers ``[n, hidden]`` each (transformers' ``hidden_states[i]``). A compiled engine runs one
+        token without a mask or taps (plain decoding's step) through :attr:`step`."""
+        cache.reserve(start + len(token_ids))
+        if self.step is not None and len(token_ids) == 1 and mask is None and not taps:
+            return self.step(token_ids, positions, cache.keys, cache.values, start), []
+        return self._forward(token_ids, positions, cache.keys, cache.values, start, mask, tuple(taps), fused=False)
+
+    def _step(self, token_ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], start: int) -> torch.Tensor:
+        return self._forward(token_ids, positions, keys, values, start, None, (), fused=True)[0]
+
+    def _forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        start: int,
+        mask: torch.Tensor | None,
+        taps: tuple[int, ...],
+        fused: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         n, end = len(token_ids), start + len(token_ids)
-        cache.reserve(end)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         group, half = heads // kv_heads, dim // 2
         x = self.embedding[token_ids]  # [n, hidden]
@@ -173,11 +207,14 @@ class LeanLlama:
             qkv = self.qkv[index](self.rms_norm(x, attention_norm))  # [n, (heads + 2·kv_heads)·dim]
             qk = qkv[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim)
             qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary, queries and keys at once
-            cache.keys[index, :, start:end] = qk[:, heads:].transpose(0, 1)
-            cache.values[index, :, start:end] = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).transpose(0, 1)
-            queries = qk[:, :heads].transpose(0, 1).reshape(1, kv_heads, group * n, dim)  # each key/value head's queries together
-            attended = F.scaled_dot_product_attention(queries, cache.keys[None, index, :, :end], cache.values[None, index, :, :end], attn_mask=mask)
-            x = x + self.out[index](attended.view(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
+            keys[index][:, start:end] = qk[:, heads:].transpose(0, 1)
+            values[index][:, start:end] = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).transpose(0, 1)
+            queries = qk[:, :heads].transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
+            if fused:
+                attended = self.fused_attention(queries, keys[index][:, :end], values[index][:, :end])
+            else:
+                attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
+            x = x + self.out[index](attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
             gate, up = self.gate_up[index](self.rms_norm(x, mlp_norm)).chunk(2, dim=-1)
             x = x + self.down[index](F.silu(gate) * up)
         x = self.rms_norm(x, self.final_norm)
@@ -293,11 +330,32 @@ class LeanCache:
         self.length = length
 
 
-def make_lean(model: PreTrainedModel, weights: str = "int4") -> PreTrainedModel:
+def make_lean(model: PreTrainedModel, weights: str = "int4", compiled: bool = False) -> PreTrainedModel:
     """Attach a :class:`LeanLlama` with ``weights`` to ``model`` (which is returned): every decoder that opens its
-    cache with :func:`open_cache` then runs it through the lean forward."""
-    model.lean_engine = LeanLlama(model, weights)
+    cache with :func:`open_cache` then runs it through the lean forward. ``compiled``: its one-token step is
+    compiled now (:func:`compile_step`)."""
+    model.lean_engine = LeanLlama(model, weights, compiled)
+    if compiled:
+        compile_step(model, model.lean_engine)
     return model
+
+
+def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
+    """Compile ``engine``'s one-token step before any timed work, with a progress bar: once for a first context and
+    once more for any context and cache size (inductor then generalises both). About a minute on 2 cores the first
+    time; inductor keeps what it builds in ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``),
+    and later processes load it in seconds."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):  # unset, or torch's /tmp default
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    session = LeanCache(model, engine)  # the decoders' own path to the step, so its inputs look the same
+    with tqdm(total=2, desc=f"compiling the lean step (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})", unit="graph") as progress:
+        for context in (2, CACHE_BLOCK + 2):  # the second grows the cache: another context and another capacity
+            session.forward([0] * context)
+            session.forward([0])
+            session.rollback(0)
+            progress.update()
 
 
 def open_cache(model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> CachedModel | LeanCache:
@@ -306,14 +364,22 @@ def open_cache(model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> C
     return LeanCache(model, engine, taps) if engine is not None else CachedModel(model, taps=taps)
 
 
-ENGINES = {"eager": None, "lean": "model", "lean-int8": "int8", "lean-int4": "int4"}
-"""What ``--engine`` takes: transformers' eager forward, or the lean one with the model's weights, int8 or int4."""
+ENGINES = {
+    "eager": None,
+    "lean": ("model", False),
+    "lean-int8": ("int8", False),
+    "lean-int4": ("int4", False),
+    "compiled": ("model", True),
+    "compiled-int8": ("int8", True),
+    "compiled-int4": ("int4", True),
+}
+"""What ``--engine`` takes: transformers' eager forward, or the lean one (weights, one-token step compiled)."""
 
 
 def engine_of(model: object) -> str:
     """The :data:`ENGINES` name ``model`` runs through."""
     engine = getattr(model, "lean_engine", None)
-    return "eager" if engine is None else next(name for name, weights in ENGINES.items() if weights == engine.weights)
+    return "eager" if engine is None else next(name for name, kind in ENGINES.items() if kind == (engine.weights, engine.compiled))
 
 
 def use_engine(models: Sequence[object], engine: str) -> None:
@@ -326,4 +392,4 @@ def use_engine(models: Sequence[object], engine: str) -> None:
             if ENGINES[engine] is None:
                 model.__dict__.pop("lean_engine", None)
             else:
-                make_lean(model, ENGINES[engine])
+                make_lean(model, *ENGINES[engine])

@@ -29,14 +29,20 @@ import numpy as np
 import torch
 
 from adaptive.cached_model import CachedModel
-from adaptive.lean import ENGINES, LeanCache, LeanLlama
+from adaptive.lean import ENGINES, LeanCache, LeanLlama, compile_step
 from adaptive.models import smollm2_gguf_path
 from adaptive.pair import load_pair
 from adaptive.workload import chat_ids, load_prompts
 
 
 def session(target, engine: str):
-    return CachedModel(target) if ENGINES[engine] is None else LeanCache(target, LeanLlama(target, ENGINES[engine]))
+    """A cached session of ``target`` through ``engine`` (a compiled one compiled before any timing)."""
+    if ENGINES[engine] is None:
+        return CachedModel(target)
+    lean = LeanLlama(target, *ENGINES[engine])
+    if lean.compiled:
+        compile_step(target, lean)
+    return LeanCache(target, lean)
 
 
 def decode(model, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
@@ -130,9 +136,11 @@ def main() -> None:
         same = statistics.mean(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) / len(a) for a, b in pairs) if pairs else None
         agreement = f"{same:.0%} of the way to the first difference" if same is not None else "not compared"
         print(f"| {engine} | {ms:.2f} | {1e3 / ms:.1f} | {shown} | {', '.join(f'{x:.2f}' for x in g)} | {agreement} |")
-    if args.llama_bench and "lean-int4" in step:
-        ratio, low, high = bootstrap_ratio(step[LLAMA_CPP], step["lean-int4"])
-        print(f"\nlean-int4 plain decoding speed / llama.cpp Q4_1's: {ratio:.3f} [{low:.3f}, {high:.3f}] (step-time ratio llama.cpp / lean-int4)")
+    if args.llama_bench:
+        print()
+        for engine in (e for e in engines if e.endswith("int4")):
+            ratio, low, high = bootstrap_ratio(step[LLAMA_CPP], step[engine])
+            print(f"{engine} plain decoding speed / llama.cpp Q4_1's: {ratio:.3f} [{low:.3f}, {high:.3f}] (step-time ratio llama.cpp / {engine})")
 
 
 if __name__ == "__main__":

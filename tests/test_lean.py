@@ -157,7 +157,7 @@ def test_the_engine_switch_makes_llama_models_lean_and_back_and_names_a_bad_engi
     assert not hasattr(eagle_head, "lean_engine")
     use_engine((model,), "eager")
     assert type(open_cache(model)) is CachedModel
-    with pytest.raises(ValueError, match="engine must be one of eager, lean, lean-int8, lean-int4, got 'fast'"):
+    with pytest.raises(ValueError, match="engine must be one of eager, lean, lean-int8, lean-int4, compiled, compiled-int8, compiled-int4, got 'fast'"):
         use_engine((model,), "fast")
 
 
@@ -169,3 +169,24 @@ def test_a_profile_says_the_engine_it_was_measured_on(near_draft):
     model = make_lean(tiny_llama(seed=0), "model")
     assert profile_pair(model, near_draft, max_verify=2, contexts=(8,), reference_context=8, repetitions=1).document["engine"] == "lean"
     assert profile_pair(tiny_llama(seed=0), near_draft, max_verify=2, contexts=(8,), reference_context=8, repetitions=1).document["engine"] == "eager"
+
+
+@pytest.mark.slow
+def test_the_compiled_step_gives_transformers_logits_and_keeps_decoders_identical(eagle_head):
+    """compiled engine (inductor, fused attention): single-token logits equal transformers' (float64 model) before and
+    after the cache grows and after a rollback, up to float32 rounding (RMSNorm runs in float32, as in transformers, and
+    inductor's fused reduction sums in another order; a wrong attention or rotary is off by 1e-2 and more); a chain
+    with an EAGLE-3 head on it emits plain decoding's tokens."""
+    model = make_lean(tiny_llama(seed=0), "model", compiled=True)
+    lean, reference = open_cache(model), CachedModel(model)
+    assert isinstance(lean, LeanCache) and lean.engine.step is not None
+    prompt = [(7 * i) % 16 for i in range(250)]
+    for session in (lean, reference):
+        session.forward(prompt)
+    for token in (4, 11, 3, 9, 12, 13, 15, 2):  # crosses the cache's first block of 256 positions
+        torch.testing.assert_close(lean.forward([token]), reference.forward([token]), rtol=0, atol=1e-5)
+    for session in (lean, reference):
+        session.rollback(100)
+    torch.testing.assert_close(lean.forward([5]), reference.forward([5]), rtol=0, atol=1e-5)
+    plain = generate_plain(model, PROMPT, max_new_tokens=30).token_ids
+    assert SpeculativeDecoder(model, eagle_head, StaticDepth(3)).generate(PROMPT, max_new_tokens=30).token_ids == plain

@@ -97,7 +97,7 @@ def test_training_resumes_after_kill_9(tmp_path):
         ({"tracking": {"wandb": "maybe"}}, "tracking.wandb must be one of offline, online, disabled"),
         ({"env": {"alphas": [0.5, 1.2]}}, "env.alphas"),
         ({"colour": "red"}, "unknown key 'colour'"),
-        ({"engine": "fast"}, "engine must be one of eager, lean, lean-int8, lean-int4"),
+        ({"engine": "fast"}, "engine must be one of eager, lean, lean-int8, lean-int4, compiled"),
     ],
 )
 def test_config_errors_name_the_key(data, message):
