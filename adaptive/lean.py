@@ -11,6 +11,10 @@ growing cache) and multiplies bf16 weights at about half the bandwidth llama.cpp
   which reproduce a Q4_1 GGUF file's weights (the default target is shipped as one) up to float rounding; the output
   head (the tied embedding, Q8_0 in that file) is int8.
 
+With ``compiled=True`` the one-token step (plain decoding's) is compiled by inductor, attention written as products
+and sums it fuses (:meth:`LeanLlama.fused_attention`); forwards of several tokens stay uncompiled (compiled with a
+dynamic token count they were slower).
+
 :func:`make_lean` attaches an engine to a loaded model; :func:`open_cache` gives a decoder the session for a model,
 lean where one is attached (:class:`LeanCache`), else transformers' own (:class:`~adaptive.cached_model.CachedModel`).
 Both have the same surface, so every single-sequence decoder runs on either.
@@ -173,7 +177,8 @@ class LeanLlama:
         True where attention is allowed; None: every slot, for one token); and the residual streams entering the
         ``taps`` layers ``[n, hidden]`` each (transformers' ``hidden_states[i]``). A compiled engine runs one
         token without a mask or taps (plain decoding's step) through :attr:`step`."""
-        cache.reserve(start + len(token_ids))
+        cache.reserve(start + len(token_ids) + 1)  # one spare slot: attention never reads the whole tensor, whose
+        # contiguity would be another case for the compiled step (a recompile of half a minute in mid-decoding)
         if self.step is not None and len(token_ids) == 1 and mask is None and not taps:
             return self.step(token_ids, positions, cache.keys, cache.values, start), []
         return self._forward(token_ids, positions, cache.keys, cache.values, start, mask, tuple(taps), fused=False)
