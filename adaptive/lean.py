@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
@@ -350,8 +351,6 @@ def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
     once more for any context and cache size (inductor then generalises both). About a minute on 2 cores the first
     time; inductor keeps what it builds in ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``),
     and later processes load it in seconds."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):  # unset, or torch's /tmp default
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
     session = LeanCache(model, engine)  # the decoders' own path to the step, so its inputs look the same
