@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -49,7 +48,7 @@ LOG_NUMBER = r"([0-9.]+)"
 
 def llama_root() -> Path:
     """Where scripts/setup_llamacpp.sh put llama.cpp's binaries, the converted head and the BF16 target."""
-    return Path(os.environ.get("ADAPTIVE_CACHE", cache_root())) / "llama.cpp"
+    return cache_root() / "llama.cpp"
 
 
 def logged(pattern: str, log: str) -> float:

@@ -166,8 +166,8 @@ class ExperimentConfig:
     """the pair's precision for live decoding and measured profiles: auto (bfloat16 where this machine multiplies it
     natively, else float32), float32, bfloat16 or float16"""
     engine: str = "eager"
-    """the target's forward for live decoding and measured profiles: eager (transformers), lean, lean-int8 or lean-int4
-    (adaptive.lean.ENGINES)"""
+    """the target's forward for live decoding and measured profiles: eager (transformers), lean, lean-int8, lean-int4,
+    compiled, compiled-int8 or compiled-int4 (adaptive.lean.ENGINES)"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)
