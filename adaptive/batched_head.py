@@ -23,6 +23,7 @@ from torch import nn
 from adaptive.batched_model import BatchedCachedModel
 from adaptive.drafts import surviving, target_taps
 from adaptive.eagle3 import Eagle3Head, rotary
+from adaptive.lean import drafting_head
 
 
 def batched_sessions(target: nn.Module, draft: nn.Module) -> tuple[BatchedCachedModel, BatchedCachedModel | BatchedHeadSession]:
@@ -38,6 +39,8 @@ class BatchedHeadSession:
         if target.taps != tuple(head.config.layer_ids):
             raise ValueError(f"the batched target keeps layers {target.taps}; this head reads {head.config.layer_ids}")
         self.model, self.target = head, target
+        self.net = drafting_head(head)
+        """What computes the entries: ``head``, or its low-bit copy under a lean engine."""
         self.device, self.dtype = head.d2t.device, head.fc.weight.dtype
         self.vocabulary = head.target_ids
         """Sorted target ids of the columns the head scores (every other logit is -inf)."""
@@ -113,7 +116,7 @@ class BatchedHeadSession:
     def _pass(self, pending: list[list[int]]) -> dict[int, torch.Tensor]:
         """One batched pass: per row, every pending token whose entry reads the target's state, or else the
         next one, made from the head's last output state. Consumes them from ``pending``; returns logits."""
-        head = self.model
+        head = self.net
         tokens, inputs = [], []
         for b, feed in enumerate(pending):
             entries = len(self.states[b])
@@ -137,7 +140,7 @@ class BatchedHeadSession:
     def _entries(self, tokens: list[list[int]], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """New entries of every row (``tokens[b]`` with input states ``inputs[b]`` ``[n_b, H]``) through the
         layer in one padded batch; keeps and returns each row's output states."""
-        head, layer, config = self.model, self.model.midlayer, self.model.config
+        head, layer, config = self.net, self.net.midlayer, self.net.config
         rows, width = self.rows, max(map(len, tokens))
         counts = torch.tensor([len(t) for t in tokens], device=self.device)
         first = torch.tensor([len(s) for s in self.states], device=self.device)

@@ -29,7 +29,7 @@ from torch import nn
 from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, CopySession, PromptLookupDraft, PromptLookupSession
 from adaptive.eagle3 import Eagle3Head, rotary
-from adaptive.lean import open_cache
+from adaptive.lean import drafting_head, open_cache
 
 Draft = nn.Module | CopyDraft | PromptLookupDraft
 """Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or a copy drafter."""
@@ -83,6 +83,8 @@ class HeadSession:
         if target.taps != tuple(head.config.layer_ids):
             raise ValueError(f"the target session keeps layers {target.taps}; this head reads {head.config.layer_ids}")
         self.model = head
+        self.net = drafting_head(head)
+        """What computes the entries: ``head``, or its low-bit copy under a lean engine."""
         self.target = target
         self.device = head.d2t.device
         self.dtype = head.fc.weight.dtype
@@ -112,7 +114,7 @@ class HeadSession:
         """Feed tokens; logits ``[n, V]`` over the target vocabulary for each one's entry (a token at
         position 0 makes no entry: its row is -inf). Entries read from the target go through the layer in
         one batch; each one made from the head's own state needs the one before it, so it goes alone."""
-        head, token_ids = self.model, [int(t) for t in token_ids]
+        head, token_ids = self.net, [int(t) for t in token_ids]
         rows = []
         if token_ids and not self.tokens:
             self.tokens.append(token_ids.pop(0))
@@ -148,7 +150,7 @@ class HeadSession:
         positions = torch.tensor(list(positions), device=self.device) - 1  # an entry sits one position before its token
         out = self._entries([int(t) for t in token_ids], self.states[parents - 1], positions, allowed[:, 1:])
         self.tokens += [int(t) for t in token_ids]
-        return self.model.target_logits(out)
+        return self.net.target_logits(out)
 
     def begin_round(self) -> None:
         """A decoding round starts (nothing to do: :meth:`rollback` already dropped the head's own entries)."""
@@ -165,7 +167,7 @@ class HeadSession:
         """New entries (tokens with their input states ``[n, H]``) through the layer; returns and keeps their
         output states. By default entry i sits at position (entry index) i and attends to every cached entry,
         the new ones before it and itself; ``positions`` and a boolean ``mask`` ``[n, entries + n]`` say otherwise."""
-        head, layer, config = self.model, self.model.midlayer, self.model.config
+        head, layer, config = self.net, self.net.midlayer, self.net.config
         first, n = len(self.states), len(tokens)
         if positions is None:
             positions = torch.arange(first, first + n, device=self.device)

@@ -27,11 +27,13 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel, output_vocabulary
+from adaptive.eagle3 import Eagle3Head
 from adaptive.models import cache_root
 
 WEIGHTS = ("model", "int8", "int4")
@@ -75,6 +77,40 @@ class Product:
         if self.kind == "int8":
             return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scale)
+
+
+class LeanLinear(nn.Module):
+    """A bias-free ``nn.Linear`` whose matrix is held as a :class:`Product` (inputs of any leading shape)."""
+
+    def __init__(self, linear: nn.Linear, kind: str) -> None:
+        super().__init__()
+        self.product = Product(linear.weight, kind, linear.weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.product.out_features)
+
+
+HEAD_WEIGHTS = {"model": None, "int8": "int8", "int4": "int8"}
+"""How an EAGLE-3 head holds its matrices under each engine's :data:`WEIGHTS`: its own under ``model``, else int8 (one
+draft step on the default head: 0.99 ms bf16, 0.44 ms int8, 0.45 ms int4; the rest of the step is not the matrices)."""
+
+
+def lean_head(head: Eagle3Head, kind: str) -> Eagle3Head:
+    """A copy of ``head`` (sharing the target's embedding) whose matrices are :class:`LeanLinear` products of ``kind``."""
+    lean = Eagle3Head(head.config, head.embedding).to(device=head.device, dtype=head.fc.weight.dtype)
+    lean.load_state_dict(head.state_dict())
+    layer = lean.midlayer
+    matrices = {lean: ("fc", "lm_head"), layer.self_attn: ("q_proj", "k_proj", "v_proj", "o_proj"), layer.mlp: ("gate_proj", "up_proj", "down_proj")}
+    for parent, names in matrices.items():
+        for name in names:
+            setattr(parent, name, LeanLinear(getattr(parent, name), kind))
+    return lean.eval()
+
+
+def drafting_head(head: Eagle3Head) -> Eagle3Head:
+    """The head a session drafts with: the lean copy :func:`use_engine` attached, else ``head`` itself."""
+    lean = head.__dict__.get("lean_engine")
+    return head if lean is None else lean
 
 
 class KVCache:
@@ -387,12 +423,18 @@ def engine_of(model: object) -> str:
 
 
 def use_engine(models: Sequence[object], engine: str) -> None:
-    """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`); heads,
-    distilled drafts and the copy drafter keep their own forward."""
+    """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`), and each
+    EAGLE-3 head with its matrices as :data:`HEAD_WEIGHTS` says for the engine's weights; distilled drafts and the
+    copy drafter keep their own forward."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     for model in models:
-        if isinstance(model, PreTrainedModel):
+        if isinstance(model, Eagle3Head):
+            kind = HEAD_WEIGHTS[ENGINES[engine][0]] if ENGINES[engine] else None
+            model.__dict__.pop("lean_engine", None)
+            if kind is not None:
+                model.__dict__["lean_engine"] = lean_head(model, kind)  # not a registered submodule: never saved or trained
+        elif isinstance(model, PreTrainedModel):
             if ENGINES[engine] is None:
                 model.__dict__.pop("lean_engine", None)
             else:

@@ -13,9 +13,9 @@ Time per generation: prefill plus decoding, models already loaded — for the pr
 llama.cpp the "encoded" plus "decoded" seconds it prints (its process start and model load are not counted). Token
 counts: the project's emitted tokens; llama.cpp's generated text, tokenized again by the pair's tokenizer.
 Reported per configuration: tokens/s per language and overall, the per-token acceptance (the project's
-accepted / (accepted + rejections); llama.cpp's n_accept / n_drafted), and the best project configuration
-against the best llama.cpp configuration (best: the highest overall tokens/s of its side) with a 95 % paired
-bootstrap interval over prompts. A killed run resumes from OUT.partial.jsonl (same arguments, same machine).
+accepted / (accepted + rejections); llama.cpp's n_accept / n_drafted), and each project configuration against the
+best llama.cpp configuration (the highest overall tokens/s of its side) with a 95 % paired bootstrap interval over
+prompts. A killed run resumes from OUT.partial.jsonl (same arguments, same machine).
 
 Set-up (once, optional): bash scripts/setup_llamacpp.sh
 Run: .venv/bin/python benchmarks/peer_speculative.py [--per-language 12] [--engine lean-int4]
@@ -125,7 +125,7 @@ def main() -> None:
         parser.error(f"--targets takes {', '.join(files)}, got {', '.join(unknown)}")
     torch.set_num_threads(args.threads)
     pair = load_pair("smollm2-135m", "auto")
-    use_engine((pair.target,), args.engine)
+    use_engine((pair.target, pair.draft), args.engine)
     prompts, ids = live_protocol.first_prompts(pair, "test", args.per_language)
     decoders = {
         f"{spec} ({args.engine})": (lambda spec=spec: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), GREEDY, tokenizer=pair.tokenizer))
@@ -147,13 +147,15 @@ def main() -> None:
     ours = [name for name in live if name not in llama]
     best_ours = max(ours, key=lambda name: numbers[name]["all"]["tokens_per_second"])
     best_llama = max(llama, key=lambda name: numbers[name]["all"]["tokens_per_second"])
-    comparison = live_protocol.compare(live, best_ours, best_llama)
+    against_best = {name: live_protocol.compare(live, name, best_llama) for name in ours if name != live_protocol.PLAIN}
+    comparison = against_best[best_ours]
     rows = [
         [
             name,
             *(f"{numbers[name][lang]['tokens_per_second']:.1f}" for lang in LANGUAGES),
             f"{numbers[name]['all']['tokens_per_second']:.1f}",
             acceptance(live, name, llama),
+            f"{against_best[name]['ratio']:.3f}x [{against_best[name]['low']:.3f}, {against_best[name]['high']:.3f}]" if name in against_best else "-",
         ]
         for name in live
     ]
@@ -165,7 +167,7 @@ def main() -> None:
         f"{args.threads} threads; project engine {args.engine}, torch {torch.__version__}; llama.cpp from scripts/setup_llamacpp.sh.",
         f"Prompts: test split, first {args.per_language} per language ({len(prompts)}); {args.repeats} run(s) per configuration per prompt, rotating order.",
         "",
-        format_table(["configuration", *LANGUAGES, "all tok/s", "acceptance"], rows),
+        format_table(["configuration", *LANGUAGES, "all tok/s", "acceptance", "/ llama.cpp's best [95 %]"], rows),
         "",
         f"Best of the project: `{best_ours}`; best of llama.cpp: `{best_llama}`.",
         f"Project / llama.cpp, tokens/s, paired over prompts: {comparison['ratio']:.3f}x "
@@ -177,6 +179,7 @@ def main() -> None:
         "acceptance": {name: acceptance(live, name, llama) for name in live},
         "best": [best_ours, best_llama],
         "comparison": comparison,
+        "against_llama_best": against_best,
     }
     args.out.with_name(args.out.name + ".json").write_text(json.dumps(summary, indent=1))
     args.out.with_name(args.out.name + ".md").write_text("\n".join(lines) + "\n")

@@ -13,7 +13,8 @@ from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, resid
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import generate_plain
-from adaptive.lean import GROUP, LeanCache, LeanLlama, make_lean, open_cache
+from adaptive.eagle3 import Eagle3Config, Eagle3Head
+from adaptive.lean import GROUP, LeanCache, LeanLinear, LeanLlama, drafting_head, make_lean, open_cache, use_engine
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from policies import StaticDepth
@@ -147,14 +148,14 @@ def test_a_lean_target_and_head_keep_the_target_distribution_and_naive_resamplin
 
 
 def test_the_engine_switch_makes_llama_models_lean_and_back_and_names_a_bad_engine(eagle_head):
-    """--engine's use_engine: a Llama-layout model gets the lean forward (a head keeps its own), eager takes it away,
-    and an unknown engine is refused naming the allowed ones."""
-    from adaptive.lean import use_engine
-
+    """--engine's use_engine: a Llama-layout model gets the lean forward (a head keeps its own under 16/32-bit weights),
+    eager takes it away, and an unknown engine is refused naming the allowed ones."""
     model = tiny_llama(seed=0)
-    use_engine((model, eagle_head), "lean-int8")
-    assert isinstance(open_cache(model), LeanCache) and open_cache(model).engine.weights == "int8"
-    assert not hasattr(eagle_head, "lean_engine")
+    use_engine((model, eagle_head), "lean")
+    assert isinstance(open_cache(model), LeanCache) and open_cache(model).engine.weights == "model"
+    assert drafting_head(eagle_head) is eagle_head
+    use_engine((model,), "lean-int8")
+    assert open_cache(model).engine.weights == "int8"
     use_engine((model,), "eager")
     assert type(open_cache(model)) is CachedModel
     with pytest.raises(ValueError, match="engine must be one of eager, lean, lean-int8, lean-int4, compiled, compiled-int8, compiled-int4, got 'fast'"):
@@ -190,3 +191,29 @@ def test_the_compiled_step_gives_transformers_logits_and_keeps_decoders_identica
     torch.testing.assert_close(lean.forward([5]), reference.forward([5]), rtol=0, atol=1e-5)
     plain = generate_plain(model, PROMPT, max_new_tokens=30).token_ids
     assert SpeculativeDecoder(model, eagle_head, StaticDepth(3)).generate(PROMPT, max_new_tokens=30).token_ids == plain
+
+
+def test_a_low_bit_engine_drafts_with_an_int8_copy_of_the_head_and_leaves_the_head_whole():
+    """Under a low-bit engine a head drafts with an int8 copy (every matrix a LeanLinear): its logits are the head's up
+    to int8 rounding (and differ from them: the copy is used), the head's own modules and saved weights are untouched,
+    a chain drafting with it emits plain decoding's tokens, and eager takes the copy away."""
+    target = tiny_llama(seed=0, hidden=64, dtype=torch.float32)
+    torch.manual_seed(11)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 2)), target.get_input_embeddings()).eval()
+    head.set_vocabulary(torch.tensor([0, 2, 3, 5, 7, 8, 11, 13, 14]))
+    saved = {name: tensor.clone() for name, tensor in head.state_dict().items()}
+    use_engine((target, head), "lean-int4")
+    lean = drafting_head(head)
+    assert lean is not head and isinstance(lean.fc, LeanLinear) and isinstance(lean.midlayer.mlp.down_proj, LeanLinear)
+    assert isinstance(head.fc, torch.nn.Linear) and head.state_dict().keys() == saved.keys()
+    assert all(torch.equal(head.state_dict()[name], tensor) for name, tensor in saved.items())
+    states = torch.randn(5, 64)
+    exact, rounded = head.draft_logits(states), lean.draft_logits(states)
+    torch.testing.assert_close(rounded, exact, rtol=0, atol=0.05 * exact.abs().max().item())
+    assert not torch.equal(rounded, exact)
+    plain = generate_plain(target, PROMPT, max_new_tokens=30).token_ids
+    decoder = SpeculativeDecoder(target, head, StaticDepth(3))
+    assert decoder.draft.net is lean
+    assert decoder.generate(PROMPT, max_new_tokens=30).token_ids == plain
+    use_engine((target, head), "eager")
+    assert drafting_head(head) is head
