@@ -29,7 +29,7 @@ from torch import nn
 from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, CopySession, PromptLookupDraft, PromptLookupSession
 from adaptive.eagle3 import Eagle3Head, rotary
-from adaptive.lean import drafting_head, open_cache
+from adaptive.lean import KVCache, drafting_head, open_cache
 
 Draft = nn.Module | CopyDraft | PromptLookupDraft
 """Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or a copy drafter."""
@@ -93,9 +93,10 @@ class HeadSession:
         self.reset()
 
     def reset(self) -> None:
+        config = self.model.config
         self.tokens: list[int] = []
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self.cache = KVCache(1, config.num_key_value_heads, config.head_dim, self.dtype, self.device)
+        """Keys and values of every entry (slots ``[0, entries)``; a rollback moves no memory)."""
         self.states = torch.empty(0, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
         """Pre-norm output state of every entry."""
         self.first_own: int | None = None
@@ -127,7 +128,7 @@ class HeadSession:
             self.tokens += token_ids[:from_target]
         for token in token_ids[from_target:]:
             self.first_own = len(self.states) if self.first_own is None else self.first_own
-            rows.append(head.target_logits(self._entries([token], self.states[-1:])))
+            rows.append(self._own_entry(token))
             self.tokens.append(token)
         return torch.cat(rows)
 
@@ -163,6 +164,18 @@ class HeadSession:
             prefix += 1
         self.rollback(min(prefix, self.length))
 
+    def _own_entry(self, token: int) -> torch.Tensor:
+        """The entry of a drafted token, made from the last entry's output state; its logits ``[1, V]``. Through the
+        head's compiled step where the engine gave it one (:class:`~adaptive.lean.HeadStep`)."""
+        step = getattr(self.net, "own_step", None)
+        if step is None:
+            return self.net.target_logits(self._entries([token], self.states[-1:]))
+        end = len(self.states) + 1
+        self.cache.reserve(end + 1)  # a spare slot, as the lean target's: the step never reads the whole tensor
+        out, logits = step(torch.tensor([token], device=self.device), self.states[-1:], self.cache.keys[0], self.cache.values[0], end)
+        self.states = torch.cat((self.states, out))
+        return logits
+
     def _entries(self, tokens: list[int], inputs: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """New entries (tokens with their input states ``[n, H]``) through the layer; returns and keeps their
         output states. By default entry i sits at position (entry index) i and attends to every cached entry,
@@ -175,9 +188,10 @@ class HeadSession:
         cos, sin = rotary(positions, config.head_dim, config.rope_theta, self.dtype)
         embeds = head.embedding(torch.tensor(tokens, device=self.device))
         q, k, v = layer.self_attn.project(layer.inputs(embeds, inputs), cos, sin)
-        self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
-        self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
-        out = layer.finish(inputs, layer.self_attn.attend(q, self.keys, self.values, mask))
+        self.cache.reserve(first + n + 1)
+        keys, values = self.cache.keys[0], self.cache.values[0]
+        keys[:, first : first + n], values[:, first : first + n] = k, v
+        out = layer.finish(inputs, layer.self_attn.attend(q, keys[:, : first + n], values[:, : first + n], mask))
         self.states = torch.cat((self.states, out))
         return out
 
@@ -187,7 +201,5 @@ class HeadSession:
             raise ValueError(f"cannot roll back to length {length}: the head holds {self.length} tokens")
         entries, tokens = surviving(length, self.first_own)
         self.states = self.states[:entries]
-        if self.keys is not None:
-            self.keys, self.values = self.keys[..., :entries, :], self.values[..., :entries, :]
         self.tokens = self.tokens[:tokens]
         self.first_own = None

@@ -12,7 +12,7 @@ growing cache) and multiplies bf16 weights at about half the bandwidth llama.cpp
   head (the tied embedding, Q8_0 in that file) is int8.
 
 With ``compiled=True`` the one-token step (plain decoding's) is compiled by inductor, attention written as products
-and sums it fuses (:meth:`LeanLlama.fused_attention`); forwards of several tokens stay uncompiled (compiled with a
+and sums it fuses (:func:`fused_attention`); forwards of several tokens stay uncompiled (compiled with a
 dynamic token count they were slower).
 
 :func:`make_lean` attaches an engine to a loaded model; :func:`open_cache` gives a decoder the session for a model,
@@ -33,7 +33,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel, output_vocabulary
-from adaptive.eagle3 import Eagle3Head
+from adaptive.eagle3 import Eagle3Head, rotary
 from adaptive.models import cache_root
 
 WEIGHTS = ("model", "int8", "int4")
@@ -79,6 +79,15 @@ class Product:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scale)
 
 
+def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of one query per head ``queries [kv_heads, group, dim]`` over ``keys``/``values``
+    ``[kv_heads, L, dim]``, written as products and sums that inductor fuses into one loop (in float32 for 16-bit
+    activations)."""
+    compute = torch.float32 if queries.dtype in (torch.bfloat16, torch.float16) else queries.dtype
+    scores = (queries.to(compute)[:, :, None, :] * keys.to(compute)[:, None, :, :]).sum(-1) * queries.shape[-1] ** -0.5
+    return (scores.softmax(-1)[..., None] * values.to(compute)[:, None, :, :]).sum(-2).to(queries.dtype)
+
+
 class LeanLinear(nn.Module):
     """A bias-free ``nn.Linear`` whose matrix is held as a :class:`Product` (inputs of any leading shape)."""
 
@@ -90,13 +99,44 @@ class LeanLinear(nn.Module):
         return self.product(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.product.out_features)
 
 
-HEAD_WEIGHTS = {"model": None, "int8": "int8", "int4": "int8"}
-"""How an EAGLE-3 head holds its matrices under each engine's :data:`WEIGHTS`: its own under ``model``, else int8 (one
-draft step on the default head: 0.99 ms bf16, 0.44 ms int8, 0.45 ms int4; the rest of the step is not the matrices)."""
+HEAD_WEIGHTS = {"model": "model", "int8": "int8", "int4": "int8"}
+"""How an EAGLE-3 head holds its matrices under each engine's :data:`WEIGHTS`: its own dtype under ``model``, else int8
+(one draft step of the default head: 0.99 ms bf16, 0.44 ms int8, 0.45 ms int4: past int8 the step is not its matrices)."""
 
 
-def lean_head(head: Eagle3Head, kind: str) -> Eagle3Head:
-    """A copy of ``head`` (sharing the target's embedding) whose matrices are :class:`LeanLinear` products of ``kind``."""
+class HeadStep:
+    """An EAGLE-3 head's entry made from its own last output state (each drafted token after a round's first), compiled
+    by inductor: the layer's small ops fused, attention included (:func:`fused_attention`)."""
+
+    def __init__(self, head: Eagle3Head, dtype: torch.dtype) -> None:
+        self.head = head
+        self.dtype = dtype
+        self.step = torch.compile(self._step, dynamic=None, fullgraph=True)
+
+    @torch.inference_mode()
+    def __call__(self, token: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new entry's output state ``[1, H]`` and logits ``[1, V]`` over the target vocabulary, for ``token [1]``
+        read with ``state [1, H]`` at position ``end - 1``; its key and value are written to slot ``end - 1`` of
+        ``keys``/``values`` ``[kv_heads, capacity, dim]`` (capacity > end) and it attends over slots ``[0, end)``."""
+        return self.step(token, state, keys, values, end)
+
+    def _step(self, token: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        head, config = self.head, self.head.config
+        layer, attention = head.midlayer, head.midlayer.self_attn
+        position = torch.full((1,), end - 1, dtype=torch.long, device=token.device)
+        cos, sin = rotary(position, config.head_dim, config.rope_theta, state.dtype)
+        queries, key, value = attention.project(layer.inputs(head.embedding(token), state), cos, sin)
+        keys[:, end - 1 : end] = key
+        values[:, end - 1 : end] = value
+        kv_heads, dim = config.num_key_value_heads, config.head_dim
+        attended = fused_attention(queries.reshape(kv_heads, -1, dim), keys[:, :end], values[:, :end])
+        out = layer.finish(state, attention.o_proj(attended.reshape(1, -1)))
+        return out, head.target_logits(out)
+
+
+def lean_head(head: Eagle3Head, kind: str, compiled: bool = False) -> Eagle3Head:
+    """A copy of ``head`` (sharing the target's embedding) whose matrices are :class:`LeanLinear` products of ``kind``;
+    ``compiled``: with a compiled :class:`HeadStep` as ``own_step``, compiled now (:func:`compile_head_step`)."""
     lean = Eagle3Head(head.config, head.embedding).to(device=head.device, dtype=head.fc.weight.dtype)
     lean.load_state_dict(head.state_dict())
     layer = lean.midlayer
@@ -104,7 +144,11 @@ def lean_head(head: Eagle3Head, kind: str) -> Eagle3Head:
     for parent, names in matrices.items():
         for name in names:
             setattr(parent, name, LeanLinear(getattr(parent, name), kind))
-    return lean.eval()
+    lean.eval()
+    if compiled:
+        lean.own_step = HeadStep(lean, head.fc.weight.dtype)
+        compile_head_step(lean.own_step)
+    return lean
 
 
 def drafting_head(head: Eagle3Head) -> Eagle3Head:
@@ -175,7 +219,7 @@ class LeanLlama:
         self.compiled = compiled
         self.step = torch.compile(self._step, dynamic=None, fullgraph=True) if compiled else None
         """One token without a mask (plain decoding's step), compiled by inductor: the small ops of each layer fused
-        into a few loops, attention included (:meth:`fused_attention`)."""
+        into a few loops, attention included (:func:`fused_attention`)."""
 
     def new_cache(self) -> KVCache:
         """An empty cache for one sequence."""
@@ -190,14 +234,6 @@ class LeanLlama:
         angles = positions.float()[:, None] * self.inverse_frequencies
         angles = torch.cat((angles, angles), dim=-1)[:, None, :]
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-
-    def fused_attention(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Softmax attention of one query per head ``queries [kv_heads, group, dim]`` over ``keys``/``values``
-        ``[kv_heads, L, dim]``, written as products and sums that inductor fuses into one loop (in float32 for
-        16-bit models)."""
-        compute = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
-        scores = (queries.to(compute)[:, :, None, :] * keys.to(compute)[:, None, :, :]).sum(-1) * self.head_dim**-0.5
-        return (scores.softmax(-1)[..., None] * values.to(compute)[:, None, :, :]).sum(-2).to(queries.dtype)
 
     @torch.inference_mode()
     def __call__(
@@ -253,7 +289,7 @@ class LeanLlama:
             values[index][:, start:end] = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).transpose(0, 1)
             queries = qk[:, :heads].transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
             if fused:
-                attended = self.fused_attention(queries, keys[index][:, :end], values[index][:, :end])
+                attended = fused_attention(queries, keys[index][:, :end], values[index][:, :end])
             else:
                 attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
             x = x + self.out[index](attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
@@ -387,8 +423,7 @@ def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
     once more for any context and cache size (inductor then generalises both). About a minute on 2 cores the first
     time; inductor keeps what it builds in ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``),
     and later processes load it in seconds."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):  # unset, or torch's /tmp default
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    use_inductor_cache()
     session = LeanCache(model, engine)  # the decoders' own path to the step, so its inputs look the same
     with tqdm(total=2, desc=f"compiling the lean step (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})", unit="graph") as progress:
         for context in (2, CACHE_BLOCK + 2):  # the second grows the cache: another context and another capacity
@@ -396,6 +431,25 @@ def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
             session.forward([0])
             session.rollback(0)
             progress.update()
+
+
+def compile_head_step(step: HeadStep) -> None:
+    """Compile a head's own-state step before any timed work, with a progress bar, for a first cache and a grown one
+    (as :func:`compile_step`; artefacts cached in the same place)."""
+    use_inductor_cache()
+    config, head, dtype = step.head.config, step.head, step.dtype
+    with tqdm(total=2, desc="compiling the head's step", unit="graph") as progress, torch.inference_mode():  # as sessions make their tensors
+        for capacity in (CACHE_BLOCK, 2 * CACHE_BLOCK):
+            keys = torch.zeros(config.num_key_value_heads, capacity, config.head_dim, dtype=dtype, device=head.device)
+            token = torch.zeros(1, dtype=torch.long, device=head.device)
+            step(token, torch.zeros(1, config.hidden_size, dtype=dtype, device=head.device), keys, keys.clone(), capacity - CACHE_BLOCK + 2)
+            progress.update()
+
+
+def use_inductor_cache() -> None:
+    """Keep inductor's artefacts in ``$TORCHINDUCTOR_CACHE_DIR``, by default ``~/.cache/adaptive-draft/inductor``."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):  # unset, or torch's /tmp default
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
 
 
 def open_cache(model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> CachedModel | LeanCache:
@@ -423,17 +477,18 @@ def engine_of(model: object) -> str:
 
 
 def use_engine(models: Sequence[object], engine: str) -> None:
-    """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`), and each
-    EAGLE-3 head with its matrices as :data:`HEAD_WEIGHTS` says for the engine's weights; distilled drafts and the
-    copy drafter keep their own forward."""
+    """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`); each
+    EAGLE-3 head drafts with a copy whose matrices are as :data:`HEAD_WEIGHTS` says for the engine's weights (under
+    ``lean``, with the model's own weights, the head itself), its own-state step compiled under the compiled engines;
+    distilled drafts and the copy drafter keep their own forward."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     for model in models:
         if isinstance(model, Eagle3Head):
-            kind = HEAD_WEIGHTS[ENGINES[engine][0]] if ENGINES[engine] else None
             model.__dict__.pop("lean_engine", None)
-            if kind is not None:
-                model.__dict__["lean_engine"] = lean_head(model, kind)  # not a registered submodule: never saved or trained
+            if ENGINES[engine] is not None and ENGINES[engine] != ("model", False):
+                weights, compiled = ENGINES[engine]
+                model.__dict__["lean_engine"] = lean_head(model, HEAD_WEIGHTS[weights], compiled)  # not a registered submodule: never saved or trained
         elif isinstance(model, PreTrainedModel):
             if ENGINES[engine] is None:
                 model.__dict__.pop("lean_engine", None)

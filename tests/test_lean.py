@@ -13,6 +13,7 @@ from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, resid
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import generate_plain
+from adaptive.drafts import HeadSession
 from adaptive.eagle3 import Eagle3Config, Eagle3Head
 from adaptive.lean import GROUP, LeanCache, LeanLinear, LeanLlama, drafting_head, make_lean, open_cache, use_engine
 from adaptive.tree import TreeShape
@@ -217,3 +218,34 @@ def test_a_low_bit_engine_drafts_with_an_int8_copy_of_the_head_and_leaves_the_he
     assert decoder.generate(PROMPT, max_new_tokens=30).token_ids == plain
     use_engine((target, head), "eager")
     assert drafting_head(head) is head
+
+
+@pytest.mark.slow
+def test_the_compiled_head_step_gives_the_heads_logits_across_cache_growth_and_rollback():
+    """compiled engine: a head's compiled own-state step (float32, the head's own weights) gives the uncompiled head's
+    logits up to float rounding, before and after its cache grows past its first block of 256 entries and after a
+    rollback; a chain drafting with it emits plain decoding's tokens."""
+    target = tiny_llama(seed=0, hidden=64, dtype=torch.float32)
+    torch.manual_seed(11)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 2)), target.get_input_embeddings()).eval()
+    head.set_vocabulary(torch.tensor([0, 2, 3, 5, 7, 8, 11, 13, 14]))
+    reference = Eagle3Head(head.config, target.get_input_embeddings()).eval()
+    reference.load_state_dict(head.state_dict())
+    use_engine((head,), "compiled")
+    assert drafting_head(head).own_step is not None
+    reading = CachedModel(target, taps=(0, 1, 2))
+    prompt = [(7 * i) % 16 for i in range(250)]
+    reading.forward(prompt)
+    compiled, eager = HeadSession(head, reading), HeadSession(reference, reading)
+    for session in (compiled, eager):
+        session.forward(prompt)
+    for token in (4, 11, 3, 9, 12, 13, 15, 2):  # own entries 250..257: across the first block
+        torch.testing.assert_close(compiled.forward([token]), eager.forward([token]), rtol=0, atol=1e-5)
+    reading.rollback(102)
+    for session in (compiled, eager):
+        session.rollback(100)
+    torch.testing.assert_close(compiled.forward(prompt[100:102]), eager.forward(prompt[100:102]), rtol=0, atol=1e-5)  # from the target
+    torch.testing.assert_close(compiled.forward([6, 1]), eager.forward([6, 1]), rtol=0, atol=1e-5)  # own entries again
+    plain = generate_plain(target, PROMPT, max_new_tokens=30).token_ids
+    assert SpeculativeDecoder(target, head, StaticDepth(3)).generate(PROMPT, max_new_tokens=30).token_ids == plain
+    use_engine((head,), "eager")
