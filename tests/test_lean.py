@@ -175,21 +175,27 @@ def test_a_profile_says_the_engine_it_was_measured_on(near_draft):
 
 @pytest.mark.slow
 def test_the_compiled_step_gives_transformers_logits_and_keeps_decoders_identical(eagle_head):
-    """compiled engine (inductor, fused attention): single-token logits equal transformers' (float64 model) before and
-    after the cache grows and after a rollback, up to float32 rounding (RMSNorm runs in float32, as in transformers, and
+    """compiled engine (inductor, fused attention): logits and tapped hidden states of one token and of chains of 3 and 5
+    (run padded to 4 and 8) equal transformers' (float64 model) before and after the cache grows and after a rollback,
+    up to float32 rounding (RMSNorm runs in float32, as in transformers, and
     inductor's fused reduction sums in another order; a wrong attention or rotary is off by 1e-2 and more); a chain
     with an EAGLE-3 head on it emits plain decoding's tokens."""
     model = make_lean(tiny_llama(seed=0), "model", compiled=True)
-    lean, reference = open_cache(model), CachedModel(model)
-    assert isinstance(lean, LeanCache) and lean.engine.step is not None
-    prompt = [(7 * i) % 16 for i in range(250)]
+    lean, reference = LeanCache(model, model.lean_engine, (0, 2)), CachedModel(model, taps=(0, 2))
+    assert lean.engine.step is not None
+    prompt = [(7 * i) % 16 for i in range(245)]
     for session in (lean, reference):
         session.forward(prompt)
-    for token in (4, 11, 3, 9, 12, 13, 15, 2):  # crosses the cache's first block of 256 positions
+    for tokens in ([4, 11, 3], [9, 12, 13, 15, 2], [6]):  # buckets 4 and 8, then one token: across the first block
+        torch.testing.assert_close(lean.forward(tokens), reference.forward(tokens), rtol=0, atol=1e-5)
+    for token in (4, 11, 3, 9, 12, 13, 15, 2):  # a token at a time, each in the grown cache
         torch.testing.assert_close(lean.forward([token]), reference.forward([token]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(lean.tapped, reference.tapped, rtol=0, atol=1e-5)
     for session in (lean, reference):
         session.rollback(100)
     torch.testing.assert_close(lean.forward([5]), reference.forward([5]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(lean.forward([5, 7]), reference.forward([5, 7]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(lean.tapped, reference.tapped, rtol=0, atol=1e-5)
     plain = generate_plain(model, PROMPT, max_new_tokens=30).token_ids
     assert SpeculativeDecoder(model, eagle_head, StaticDepth(3)).generate(PROMPT, max_new_tokens=30).token_ids == plain
 
