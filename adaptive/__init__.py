@@ -17,7 +17,7 @@ from adaptive.costmodel import expected_tokens, expected_tokens_from_lengths, op
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.exactness import induced_distribution, monte_carlo_audit, total_variation
 from adaptive.generation import GenerationResult
-from adaptive.lean import make_lean
+from adaptive.lean import make_lean, use_engine
 from adaptive.learned_policy import LearnedPolicy, load_policy
 from adaptive.pair import ModelPair, check_compatible, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.policy import BasePolicy, DraftPolicy, DraftState, DraftStep, RoundStats
@@ -29,6 +29,7 @@ from adaptive.verification import naive_correction, residual_correction, verify_
 
 __all__ = [
     "make_lean",
+    "use_engine",
     "GREEDY",
     "BasePolicy",
     "CopyDraft",

@@ -11,6 +11,9 @@ forwards.
 Positions count a row's own entries, so a row sees exactly what the same sequence decoded alone would see:
 the same tokens at the same positions, nothing else.
 
+On a model with a lean engine attached (:func:`~adaptive.lean.make_lean`) the forward is the lean one
+(:meth:`~adaptive.lean.LeanLlama.batched`: its low-bit weights, uncompiled), else transformers'.
+
 With ``taps`` (as :class:`~adaptive.cached_model.CachedModel` takes them) each row also keeps the hidden
 states entering those layers at each of its positions, :attr:`BatchedCachedModel.tapped` (what a batched
 EAGLE-3 head reads), rolled back with the row.
@@ -24,6 +27,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from adaptive.cached_model import cache_keyword, output_vocabulary
+from adaptive.lean import BatchedLeanCache
 
 COMPACT_SLACK = 64
 """Compact once the cache holds this many more columns than the longest row's entries (and twice as many)."""
@@ -37,10 +41,13 @@ class BatchedCachedModel:
         self.taps = taps
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
+        self.engine = getattr(model, "lean_engine", None)
+        """The lean forward :func:`~adaptive.lean.make_lean` attached (its weights; never compiled here), else None:
+        transformers' forward."""
         self.cache_keyword = cache_keyword(model)
         self.vocabulary = output_vocabulary(model)
         """Sorted target ids of the columns the model scores, the others -inf (None: it scores all)."""
-        self.cache = DynamicCache(config=model.config)
+        self.cache = self._new_cache()
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
         """``[rows, columns]``: which cache columns hold each row's entries."""
         self.lengths: list[int] = []
@@ -98,7 +105,7 @@ class BatchedCachedModel:
         self.lengths = [self.lengths[r] for r in keep]
         self.tapped = [self.tapped[r] for r in keep] if self.taps else []
         if not keep:
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = self._new_cache()
             self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
 
     @torch.inference_mode()
@@ -113,20 +120,24 @@ class BatchedCachedModel:
         ids = torch.tensor([list(f) + [0] * (n - len(f)) for f in feeds], dtype=torch.long, device=self.device)
         positions = torch.tensor(self.lengths, device=self.device)[:, None] + torch.arange(n, device=self.device)[None, :]
         new = torch.arange(n, device=self.device)[None, :] < counts[:, None]
-        output = self.model(
-            input_ids=ids,
-            attention_mask=self._mask(new),
-            position_ids=positions,
-            use_cache=True,
-            output_hidden_states=bool(self.taps),
-            **{self.cache_keyword: self.cache},
-        )
+        if self.engine is not None:
+            logits, hidden = self.engine.batched(ids, positions, self.cache.layers, self._allowed(new), self.taps or ())
+        else:
+            output = self.model(
+                input_ids=ids,
+                attention_mask=self._mask(new),
+                position_ids=positions,
+                use_cache=True,
+                output_hidden_states=bool(self.taps),
+                **{self.cache_keyword: self.cache},
+            )
+            logits, hidden = output.logits, [output.hidden_states[i] for i in self.taps or ()]
         self.valid = torch.cat((self.valid, new), dim=1)
         self.lengths = [length + len(f) for length, f in zip(self.lengths, feeds)]
         if self.taps:
-            states = torch.cat([output.hidden_states[i] for i in self.taps], dim=-1)
+            states = torch.cat(hidden, dim=-1)
             self.tapped = [torch.cat((kept, states[b, : len(f)])) for b, (kept, f) in enumerate(zip(self.tapped, feeds))]
-        return [output.logits[b, : len(f)] for b, f in enumerate(feeds)]
+        return [logits[b, : len(f)] for b, f in enumerate(feeds)]
 
     def rollback(self, row: int, length: int) -> None:
         """Keep the first ``length`` entries of ``row`` (the rest become holes)."""
@@ -166,15 +177,24 @@ class BatchedCachedModel:
                 _store(layer, _pad_columns(layer.keys, width), _pad_columns(layer.values, width))
         self.valid = torch.nn.functional.pad(self.valid, (0, width - self.columns), value=False)
 
-    def _mask(self, new: torch.Tensor) -> torch.Tensor:
-        """Additive mask ``[rows, 1, n, columns + n]``: new token i of row b sees b's entries and b's new tokens
-        up to i; a padding token sees itself only (its output is dropped)."""
+    def _allowed(self, new: torch.Tensor) -> torch.Tensor:
+        """Which columns each new token may attend to, ``[rows, n, columns + n]``: new token i of row b sees b's entries
+        and b's new tokens up to i; a padding token sees itself only (its output is dropped)."""
         rows, n = new.shape
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         allowed = torch.cat((self.valid[:, None, :].expand(rows, n, -1), causal[None] & new[:, None, :]), dim=2)
         allowed[:, torch.arange(n), self.columns + torch.arange(n)] = True
+        return allowed
+
+    def _mask(self, new: torch.Tensor) -> torch.Tensor:
+        """:meth:`_allowed` as transformers takes it: additive, ``[rows, 1, n, columns + n]``."""
+        allowed = self._allowed(new)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         return mask[:, None]
+
+    def _new_cache(self) -> DynamicCache | BatchedLeanCache:
+        """An empty cache for the forward the model runs through."""
+        return DynamicCache(config=self.model.config) if self.engine is None else BatchedLeanCache(self.model.config.num_hidden_layers)
 
 
 def _holds(layer) -> bool:

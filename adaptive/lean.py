@@ -311,6 +311,64 @@ class LeanLlama:
             tapped.append(x)
         return self.head(x), tapped
 
+    @torch.inference_mode()
+    def batched(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, cache: list[BatchedLayer], allowed: torch.Tensor, taps: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Several sequences at once (the batched decoder's forward): logits ``[B, n, V]`` of ``token_ids [B, n]`` at
+        rotary ``positions [B, n]``, their keys and values appended to each layer of ``cache`` (``[B, kv_heads, C, dim]``
+        each, C growing by n), attending where ``allowed [B, n, C + n]`` says; and the residual streams entering the
+        ``taps`` layers ``[B, n, hidden]`` each."""
+        rows, n = token_ids.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        group, half = heads // kv_heads, dim // 2
+        x = self.embedding[token_ids].reshape(rows * n, -1)
+        cos, sin = self.rotary(positions.reshape(-1))
+        mask = allowed.repeat(1, group, 1)[:, None]  # query rows ordered (head within its group, token), as in _forward
+        tapped = []
+        for index in range(self.layers):
+            if index in taps:
+                tapped.append(x.view(rows, n, -1))
+            attention_norm, mlp_norm = self.norms[index]
+            qkv = self.qkv[index](self.rms_norm(x, attention_norm))
+            qk = qkv[:, : (heads + kv_heads) * dim].view(rows * n, heads + kv_heads, dim)
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+            keys = qk[:, heads:].view(rows, n, kv_heads, dim).transpose(1, 2)
+            values = qkv[:, (heads + kv_heads) * dim :].view(rows, n, kv_heads, dim).transpose(1, 2)
+            cache[index].append(keys, values)
+            queries = qk[:, :heads].view(rows, n, heads, dim).transpose(1, 2).reshape(rows, kv_heads, group * n, dim)
+            attended = F.scaled_dot_product_attention(queries, cache[index].keys, cache[index].values, attn_mask=mask)
+            x = x + self.out[index](attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
+            gate, up = self.gate_up[index](self.rms_norm(x, mlp_norm)).chunk(2, dim=-1)
+            x = x + self.down[index](F.silu(gate) * up)
+        x = self.rms_norm(x, self.final_norm)
+        if self.layers in taps:
+            tapped.append(x.view(rows, n, -1))
+        return self.head(x).view(rows, n, -1), tapped
+
+
+class BatchedLayer:
+    """One layer's keys and values for several rows, ``[B, kv_heads, C, dim]`` each (None until the first forward):
+    the batched decoder's cache layer on a lean engine, with the attributes of transformers' cache layers it reads."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add columns ``[B, kv_heads, n, dim]`` after the ones held."""
+        held = self.keys is not None and self.keys.numel() > 0
+        self.keys = torch.cat((self.keys, keys), dim=2) if held else keys
+        self.values = torch.cat((self.values, values), dim=2) if held else values
+
+
+class BatchedLeanCache:
+    """The batched decoder's cache on a lean engine: one :class:`BatchedLayer` per layer (``layers``, as transformers'
+    caches name them)."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = [BatchedLayer() for _ in range(layers)]
+
 
 def check_layout(model: PreTrainedModel) -> None:
     """Raise ValueError unless ``model`` has the Llama layout :class:`LeanLlama` runs."""

@@ -102,9 +102,8 @@ def subset_draft(target):
     return build_draft(target, num_layers=1, token_ids=torch.tensor(SUBSET))
 
 
-@pytest.fixture(scope="session")
-def eagle_head(target):
-    """A random EAGLE-3 head for the tiny target: its 2 layers' hidden states (0, 1, 2), 9 of 16 tokens."""
+def tiny_head(target: LlamaForCausalLM):
+    """A random EAGLE-3 head for a tiny target, in its dtype: its 2 layers' hidden states (0, 1, 2), 9 of 16 tokens."""
     from adaptive.eagle3 import Eagle3Config, Eagle3Head
 
     torch.manual_seed(11)
@@ -114,6 +113,12 @@ def eagle_head(target):
     with torch.no_grad():
         head.lm_head.weight.mul_(8.0)  # peaked, model-like proposals
     return head
+
+
+@pytest.fixture(scope="session")
+def eagle_head(target):
+    """A random EAGLE-3 head for the tiny target (:func:`tiny_head`)."""
+    return tiny_head(target)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from conftest import tiny_head, tiny_llama
 from test_decoder_exactness import deviation_statistics, exact_two_token_distribution
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder
@@ -17,6 +18,7 @@ from adaptive.batched_model import BatchedCachedModel
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession, target_taps
+from adaptive.lean import make_lean, use_engine
 from adaptive.policy import BatchDraftStep, BatchState, asks_each_step
 from adaptive.profiling import profile_batches
 from adaptive.sampling import SamplingConfig
@@ -26,11 +28,19 @@ from policies.batch import BatchSizeSchedule, CappedBySchedule, CostModelBatch, 
 PROMPTS = [[1, 4, 6], [3], [2, 2, 9, 11, 5], [7, 8], [1, 4, 6, 6, 6, 6, 1], [5, 9], [12, 0, 3, 3]]
 
 
-def test_batched_cache_rows_equal_one_sequence_at_a_time(target):
+@pytest.fixture(params=["transformers", "lean"])
+def batch_target(request, target):
+    """The session's tiny target through transformers' forward, or the same weights with a lean engine attached."""
+    return target if request.param == "transformers" else make_lean(tiny_llama(seed=0), "model")
+
+
+def test_batched_cache_rows_equal_one_sequence_at_a_time(batch_target):
     """Rows joining, leaving, rolled back (holes), compacted: every row's logits equal a full forward of its
-    own sequence alone."""
+    own sequence alone (transformers'), on transformers' forward and on the lean one."""
     rng = random.Random(0)
+    target = batch_target
     model, sequences, worst = BatchedCachedModel(target), [], 0.0
+    assert (model.engine is None) == (not hasattr(target, "lean_engine"))
 
     def alone(sequence: list[int]) -> torch.Tensor:
         return target(input_ids=torch.tensor([sequence])).logits[0].detach()
@@ -67,10 +77,12 @@ def test_batched_cache_rows_equal_one_sequence_at_a_time(target):
     assert worst < 1e-10
 
 
-def test_batched_head_rows_equal_one_sequence_at_a_time(target, eagle_head):
+def test_batched_head_rows_equal_one_sequence_at_a_time(batch_target, eagle_head):
     """Rows joining, leaving, rolled back, drafting from their own states: every row's head logits equal
-    those of a single-sequence head session fed the same tokens against the same target states."""
+    those of a single-sequence head session fed the same tokens against the same target states (the batched
+    target's taps on the lean forward too)."""
     rng = random.Random(1)
+    target = batch_target
     taps = target_taps(eagle_head)
     batched_target = BatchedCachedModel(target, taps)
     batched = BatchedHeadSession(eagle_head, batched_target)
@@ -136,6 +148,21 @@ def test_every_request_of_a_changing_batch_is_greedy_identical(spec, draft_name,
     accepted = sum(sum(r.accepted) for r in results)
     assert (accepted == 0) == (spec == "plain")
     assert decoder.idle and decoder.target.rows == decoder.draft.rows == 0
+
+
+@pytest.mark.parametrize("engine", ["lean", "lean-int8"])
+def test_a_changing_batch_on_a_lean_target_with_a_head_is_greedy_identical(engine):
+    """The batched decoder on a lean target (its own weights in float64; int8 in float32, the head drafting from its
+    int8 copy): every request's output equals plain greedy decoding of that prompt alone on the same engine."""
+    target = tiny_llama(seed=0, dtype=torch.float64 if engine == "lean" else torch.float32)
+    head = tiny_head(target)
+    use_engine((target, head), engine)
+    decoder = BatchedSpeculativeDecoder(target, head, make_batch_policy("static:4"), max_depth=6, max_batch=3)
+    assert decoder.target.engine is target.lean_engine
+    results = decoder.generate(PROMPTS, max_new_tokens=30)
+    for prompt, result in zip(PROMPTS, results):
+        assert result.token_ids == generate_plain(target, prompt, 30).token_ids
+    assert sum(sum(r.accepted) for r in results) > 0
 
 
 class StopWhenUnsure:

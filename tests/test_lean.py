@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import tiny_head, tiny_llama
 from test_decoder_exactness import HEAD_PROMPT, assert_exact_or_detected
 
 from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, residual_correction
@@ -14,7 +14,6 @@ from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession
-from adaptive.eagle3 import Eagle3Config, Eagle3Head
 from adaptive.lean import GROUP, LeanCache, LeanLinear, LeanLlama, drafting_head, make_lean, open_cache, use_engine
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
@@ -205,9 +204,7 @@ def test_a_low_bit_engine_drafts_with_an_int8_copy_of_the_head_and_leaves_the_he
     to int8 rounding (and differ from them: the copy is used), the head's own modules and saved weights are untouched,
     a chain drafting with it emits plain decoding's tokens, and eager takes the copy away."""
     target = tiny_llama(seed=0, hidden=64, dtype=torch.float32)
-    torch.manual_seed(11)
-    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 2)), target.get_input_embeddings()).eval()
-    head.set_vocabulary(torch.tensor([0, 2, 3, 5, 7, 8, 11, 13, 14]))
+    head = tiny_head(target)
     saved = {name: tensor.clone() for name, tensor in head.state_dict().items()}
     use_engine((target, head), "lean-int4")
     lean = drafting_head(head)
@@ -232,11 +229,8 @@ def test_the_compiled_head_step_gives_the_heads_logits_across_cache_growth_and_r
     logits up to float rounding, before and after its cache grows past its first block of 256 entries and after a
     rollback; a chain drafting with it emits plain decoding's tokens."""
     target = tiny_llama(seed=0, hidden=64, dtype=torch.float32)
-    torch.manual_seed(11)
-    head = Eagle3Head(Eagle3Config.for_target(target.config, 9, layer_ids=(0, 1, 2)), target.get_input_embeddings()).eval()
-    head.set_vocabulary(torch.tensor([0, 2, 3, 5, 7, 8, 11, 13, 14]))
-    reference = Eagle3Head(head.config, target.get_input_embeddings()).eval()
-    reference.load_state_dict(head.state_dict())
+    head = tiny_head(target)
+    reference = tiny_head(target)
     use_engine((head,), "compiled")
     assert drafting_head(head).own_step is not None
     reading = CachedModel(target, taps=(0, 1, 2))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import brief_synthetic_config
+from conftest import brief_synthetic_config, tiny_head, tiny_llama
 from test_decoder_exactness import N_SAMPLES, PROMPT, deviation_statistics
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from adaptive.decoder import generate_plain
 from adaptive.integrations.transformers import generate as adaptive_generate
+from adaptive.lean import use_engine
 from adaptive.verification import naive_correction, residual_correction
 from lab.config import config_from_dict
 from lab.training import train
@@ -33,6 +35,17 @@ def test_greedy_output_is_plain_generate_for_every_policy_and_draft(prompt, targ
         for policy in (StaticDepth(3), HeuristicSchedule(2), learned):
             out = target.generate(ids, custom_generate=adaptive_generate, draft=draft, policy=policy, max_new_tokens=40, do_sample=False)
             assert torch.equal(out, plain), (type(draft).__name__, policy.name)
+
+
+def test_the_generate_route_runs_on_a_lean_target_and_keeps_plain_generates_tokens():
+    """A target with a lean engine attached (int8 weights, the head drafting from its int8 copy): generate() with the
+    policy runs the decoder on the lean forward and emits plain decoding's tokens on that engine."""
+    target = tiny_llama(seed=0, dtype=torch.float32)
+    head = tiny_head(target)
+    use_engine((target, head), "lean-int8")
+    ids = torch.tensor([[7, 1, 3]])
+    out = target.generate(ids, custom_generate=adaptive_generate, draft=head, policy=StaticDepth(3), max_new_tokens=30, do_sample=False)
+    assert out[0, 3:].tolist() == generate_plain(target, [7, 1, 3], max_new_tokens=30).token_ids
 
 
 def test_eos_and_stopping_criteria_match_plain_generate(target, near_draft):

@@ -47,7 +47,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_argument(parser: argparse.ArgumentParser) -> None:
-    """--engine: the forward every single-sequence decoder of the command runs (:data:`adaptive.lean.ENGINES`)."""
+    """--engine: the forward every decoder of the command runs (:data:`adaptive.lean.ENGINES`)."""
     parser.add_argument(
         "--engine",
         default="eager",
@@ -55,7 +55,8 @@ def add_engine_argument(parser: argparse.ArgumentParser) -> None:
         help="the target's (and a standalone draft's) forward: eager (transformers, the default), lean (fused products, "
         "preallocated cache), lean-int8 or lean-int4 (weight-only low-bit products; int4 holds the shipped Q4_1 weights); "
         "compiled, compiled-int8, compiled-int4: the same with the one-token step compiled by inductor (about a minute "
-        "the first time, seconds once cached)",
+        "the first time, seconds once cached); an EAGLE-3 head follows (int8 under the low-bit engines, its draft step "
+        "compiled under the compiled ones); the batched decoder runs the lean forward uncompiled",
     )
 
 

@@ -13,7 +13,7 @@ from adaptive.traces import TraceSet
 from envs.factory import default_traces
 from lab import live_protocol
 from lab.batch_training import CAPPED, DEFAULT_DECISION_MS, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
-from lab.cli.common import add_pair_arguments, pair_from_arguments
+from lab.cli.common import add_engine_argument, add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, warm_up
 from lab.plots import plot_load_test
@@ -128,6 +128,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     result["setup"] = {
         "pair": args.pair or f"{args.target} + {args.draft}",
         "dtype": args.dtype,
+        "engine": args.engine,
         "temperature": args.temperature,
         "split": args.split,
         "policies": policies,
@@ -212,6 +213,7 @@ def register(commands) -> None:
         "loadtest", help="batched speculative decoding under load: latency percentiles, goodput, throughput, memory; plain batched decoding beside"
     )
     add_pair_arguments(load)
+    add_engine_argument(load)
     load.add_argument(
         "--policy",
         action="append",
