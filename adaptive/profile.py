@@ -41,6 +41,9 @@ class CostProfile:
     hardware: dict
     copy_ms: tuple[float, ...] | None = None
     """Median copy-drafter step time per context (profiles measured before it existed have none)."""
+    draft_run_ms: tuple[tuple[float, ...], ...] | None = None
+    """draft_run_ms[i][k]: median time of a round's draft step k + 1 at contexts[i], the steps drafted back to back after
+    a target forward (profiles measured before 2026-12-06 have none: every step then costs ``draft_ms``)."""
     document: dict = field(default_factory=dict, repr=False, compare=False)
     """The JSON document this profile was read from or measured as (empty for one built in code)."""
 
@@ -61,6 +64,7 @@ class CostProfile:
             target_step_ms=float(document["target_step_ms"]),
             hardware=dict(document["hardware"]),
             copy_ms=tuple(document["copy_step"][str(c)]["median_ms"] for c in contexts) if "copy_step" in document else None,
+            draft_run_ms=tuple(tuple(p["median_ms"] for p in document["draft_run"][str(c)]) for c in contexts) if "draft_run" in document else None,
             document=document,
         )
 
@@ -96,7 +100,7 @@ class CostProfile:
             for n, point in row.items():
                 for key in QUANTILES:
                     point[key] = base + verify_slope * (measured["verify"][ctx][n][key] - base)
-        for point in derived["draft_step"].values():
+        for point in [*derived["draft_step"].values(), *(p for run in derived.get("draft_run", {}).values() for p in run)]:
             for key in QUANTILES:
                 point[key] *= draft_scale
         summarise(derived)
@@ -128,8 +132,17 @@ class CostProfile:
         return values[i - 1] + share * (values[i] - values[i - 1])
 
     def draft_seconds(self, context: int) -> float:
-        """One draft step at this context length."""
+        """One draft step at this context length (the mean of a round's first steps where the profile has them)."""
         return self._interpolate(self.draft_ms, context) / 1e3
+
+    def drafting_seconds(self, context: int, steps: int) -> float:
+        """A round's ``steps`` draft steps at this context length, each priced by its position in the round (the
+        first after the target's forward the dearest; steps past the measured run at the last one's price); without
+        a measured run, ``steps`` times :meth:`draft_seconds`."""
+        if self.draft_run_ms is None:
+            return steps * self.draft_seconds(context)
+        run = [self._interpolate([row[k] for row in self.draft_run_ms], context) for k in range(len(self.draft_run_ms[0]))]
+        return (sum(run[:steps]) + max(0, steps - len(run)) * run[-1]) / 1e3
 
     def copy_seconds(self, context: int) -> float:
         """One copy-drafter step at this context length."""

@@ -27,9 +27,10 @@ from adaptive.tree import attention_mask
 MATRIX_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 """The CPU flags that decide how fast a forward runs (two CPUs of one model name may differ in them, e.g. under KVM)."""
 DRAFT_RUN = 4
-"""Draft steps timed back to back, after a target forward, for the profile's draft step (their mean per step): a round
-drafts its steps in a row, and the first one after the target's forward runs slower than the rest (the default head on
-the compiled-int4 engine: 1.1 ms, then 0.64, 0.53, 0.51); timing one step alone overstated c by two."""
+"""Draft steps timed back to back, after a target forward: a round drafts its steps in a row, and the first one after
+the target's forward runs slower than the rest (the default head on the compiled-int4 engine: 0.97 ms, then 0.49, 0.36,
+0.33). The profile keeps each position's time (``draft_run``: replay charges a round's steps by position) and their
+mean as the draft step (``c``); timing one step alone overstated c by two."""
 SAME_MACHINE_KEYS = ("processor", "matrix_flags", "cpu_count", "torch_threads", "torch", "device", "gpu")
 """The entries of :func:`hardware_description` that must agree for timings to carry from one machine to another
 (torch included: its kernels are part of the speed)."""
@@ -105,15 +106,16 @@ def _timed_call(model: CachedModel | HeadSession, tokens: list[int], clock: Cloc
     return seconds
 
 
-def _timed_draft_run(session: CachedModel | HeadSession, tokens: list[int], clock: Clock) -> float:
-    """Seconds per step of drafting ``tokens`` one by one after the session's cached context, rolled back after."""
+def _timed_draft_run(session: CachedModel | HeadSession, tokens: list[int], clock: Clock) -> list[float]:
+    """Seconds of each step of drafting ``tokens`` one by one after the session's cached context, rolled back after."""
     length = session.length
-    start = clock()
+    seconds = []
     for token in tokens:
+        start = clock()
         session.forward([token])
-    seconds = clock() - start
+        seconds.append(clock() - start)
     session.rollback(length)
-    return seconds / len(tokens)
+    return seconds
 
 
 def profile_pair(
@@ -150,7 +152,7 @@ def profile_pair(
         "verify_mask": "tree" if tree_mask else "causal",
         "order": "interleaved",
     }
-    result["draft_step"], result["verify"], result["copy_step"] = {}, {}, {}
+    result["draft_step"], result["draft_run"], result["verify"], result["copy_step"] = {}, {}, {}, {}
     with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:
             context = torch.randint(0, vocab, (ctx,), generator=generator).tolist()
@@ -163,13 +165,17 @@ def profile_pair(
             points = [(draft_cache, new[:DRAFT_RUN], False)] + [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)]
             points.append((copy_session, new[:1], False))
             times: list[list[float]] = [[] for _ in points]
+            run: list[list[float]] = [[] for _ in range(DRAFT_RUN)]
             for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
                 for index, (model, tokens, masked) in enumerate(points):  # the draft run follows the previous sweep's target forwards
-                    seconds = _timed_draft_run(model, tokens, clock) if index == 0 else _timed_call(model, tokens, clock, masked)
+                    steps = _timed_draft_run(model, tokens, clock) if index == 0 else [_timed_call(model, tokens, clock, masked)]
                     if sweep:
-                        times[index].append(seconds)
+                        times[index].append(sum(steps) / len(steps))
+                        for position, step in enumerate(steps if index == 0 else ()):
+                            run[position].append(step)
                 progress.update()
             result["draft_step"][str(ctx)] = _summary(times[0])
+            result["draft_run"][str(ctx)] = [_summary(position) for position in run]
             result["copy_step"][str(ctx)] = _summary(times[-1])
             result["verify"][str(ctx)] = {str(n): _summary(times[n]) for n in range(1, max_verify + 1)}
     summarise(result)

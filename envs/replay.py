@@ -92,7 +92,7 @@ class TraceReplay(Backend):
         depth = self._depth
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
-        draft_seconds = (depth - copy_steps) * self.profile.draft_seconds(context)
+        draft_seconds = self.profile.drafting_seconds(context, depth - copy_steps)
         if copy_forwards:
             draft_seconds += copy_forwards * self.profile.copy_seconds(context)
         cycle = Cycle(

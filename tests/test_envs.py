@@ -129,6 +129,16 @@ def test_replay_charges_a_rule_nothing_per_decision_and_other_policies_the_confi
     assert confidence == pytest.approx(round(confidence), abs=1e-6) and round(confidence) >= rounds
 
 
+def test_replay_prices_each_round_s_draft_steps_by_their_position(traces):
+    """With a measured draft run (first step after the target's forward 3 ms, later ones 0.5 ms) every replayed round
+    is charged the run's first steps: a round of d steps 3 + 0.5 (d - 1) ms, not d times the mean."""
+    profile = replace(flat_profile(), draft_run_ms=((3.0, 0.5, 0.5, 0.5),))
+    for episode in run_policy(ReplayBackend(traces, profile), make_policy("static:3"), range(len(PROMPTS))):
+        for cycle in episode.cycles:
+            assert cycle.draft_seconds == pytest.approx((3.0 + 0.5 * (cycle.drafted - 1)) * 1e-3 if cycle.drafted else 0.0)
+    assert any(cycle.drafted == 3 for episode in run_policy(ReplayBackend(traces, profile), make_policy("static:3"), range(1)) for cycle in episode.cycles)
+
+
 def test_synthetic_env_with_constant_alpha_finds_the_cost_model_optimum():
     alpha, c = 0.8, 0.3  # S(2) = 1.525, S(3) = 1.554, S(4) = 1.527: the optimum leads by 1.8 %
     speeds = {}

@@ -6,7 +6,7 @@ import pytest
 
 from adaptive.costmodel import optimal_gamma
 from adaptive.profile import CostProfile
-from adaptive.profiling import hardware_description, hardware_differences, profile_pair
+from adaptive.profiling import DRAFT_RUN, hardware_description, hardware_differences, profile_pair
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +24,20 @@ def test_profile_has_every_point_with_median_and_spread(profile):
         assert set(profile["verify"][ctx]) == {str(n) for n in range(1, 7)}
         for point in [profile["draft_step"][ctx], *profile["verify"][ctx].values()]:
             assert 0 < point["p25_ms"] <= point["median_ms"] <= point["p75_ms"]
+
+
+def test_the_draft_run_keeps_each_step_and_replay_prices_a_round_by_position(profile):
+    """The profile keeps each step of the draft run timed after a target forward (their mean is the draft step up to
+    the medians' spread); a round's draft time sums the run's first steps, later steps at the last one's price, and
+    a profile without a run charges every step the draft step."""
+    for ctx in ("8", "32"):
+        run = profile["draft_run"][ctx]
+        assert len(run) == DRAFT_RUN and all(0 < p["p25_ms"] <= p["median_ms"] <= p["p75_ms"] for p in run)
+    priced = CostProfile.from_dict({**profile, "draft_run": {ctx: [{"median_ms": ms} for ms in (3.0, 1.0, 1.0, 0.5)] for ctx in ("8", "32")}})
+    assert priced.drafting_seconds(32, 2) == pytest.approx(4.0e-3)
+    assert priced.drafting_seconds(32, 6) == pytest.approx(6.5e-3)
+    without = CostProfile.from_dict({key: value for key, value in profile.items() if key != "draft_run"})
+    assert without.drafting_seconds(32, 3) == pytest.approx(3 * without.draft_seconds(32))
 
 
 def test_c_and_g_are_ratios_of_the_reference_timings(profile):
