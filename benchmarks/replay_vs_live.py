@@ -66,7 +66,8 @@ def live_generations(decoder: SpeculativeDecoder, ids: list[int], new_tokens: in
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     traces = TraceSet.load(args.traces)
-    pair = load_pair(traces.metadata["pair"], traces.metadata.get("dtype", "float32"))  # live at the dtype the traces were recorded at
+    # live at the dtype and on the engine the traces were recorded with
+    pair = load_pair(traces.metadata["pair"], traces.metadata.get("dtype", "float32"), engine=traces.metadata.get("engine", "eager"))
     if args.profile == "auto":  # this machine, now: what the live side is measured on
         profile = quick_profile(pair, traces.depth + 1)
         profile.save(Path(args.out + "-profile.json"))

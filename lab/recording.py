@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import SpeculativeDecoder
+from adaptive.lean import engine_of
 from adaptive.pair import ModelPair
 from adaptive.profile import CostProfile
 from adaptive.profiling import hardware_description
@@ -36,13 +37,15 @@ def recording_time() -> str:
 
 
 def trace_metadata(pair: ModelPair, name: str, split: str, dtype: str, **extra) -> dict:
-    """What every trace file records about how it was made (``dtype``: as run; ``dtype_asked``: as given, e.g. auto)."""
+    """What every trace file records about how it was made (``dtype``: as run; ``dtype_asked``: as given, e.g. auto;
+    ``engine``: the forward the target ran through, whose numerics the acceptances are of)."""
     return {
         "pair": name,
         "tokenizer": pair.tokenizer.name_or_path,
         "split": split,
         "dtype": str(pair.target.dtype).removeprefix("torch."),
         "dtype_asked": dtype,
+        "engine": engine_of(pair.target),
         "recorded_on": hardware_description(pair.target.device),
         "recorded_at": recording_time(),
         **extra,
