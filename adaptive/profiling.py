@@ -175,7 +175,7 @@ def profile_pair(
                             run[position].append(step)
                 progress.update()
             result["draft_step"][str(ctx)] = _summary(times[0])
-            result["draft_run"][str(ctx)] = [_summary(position) for position in run]
+            result["draft_run"][str(ctx)] = [_summary(position) for position in run if position]  # as many as max_verify allows
             result["copy_step"][str(ctx)] = _summary(times[-1])
             result["verify"][str(ctx)] = {str(n): _summary(times[n]) for n in range(1, max_verify + 1)}
     summarise(result)
