@@ -85,6 +85,8 @@ class HeadSession:
         self.model = head
         self.net = drafting_head(head)
         """What computes the entries: ``head``, or its low-bit copy under a lean engine."""
+        self.own_step = getattr(self.net, "own_step", None)
+        """The compiled step of an entry made from the head's own state, where the engine gave one (:class:`~adaptive.lean.HeadStep`)."""
         self.target = target
         self.device = head.d2t.device
         self.dtype = head.fc.weight.dtype
@@ -167,12 +169,11 @@ class HeadSession:
     def _own_entry(self, token: int) -> torch.Tensor:
         """The entry of a drafted token, made from the last entry's output state; its logits ``[1, V]``. Through the
         head's compiled step where the engine gave it one (:class:`~adaptive.lean.HeadStep`)."""
-        step = getattr(self.net, "own_step", None)
-        if step is None:
+        if self.own_step is None:
             return self.net.target_logits(self._entries([token], self.states[-1:]))
         end = len(self.states) + 1
         self.cache.reserve(end + 1)  # a spare slot, as the lean target's: the step never reads the whole tensor
-        out, logits = step(torch.tensor([token], device=self.device), self.states[-1:], self.cache.keys[0], self.cache.values[0], end)
+        out, logits = self.own_step(torch.tensor([token], device=self.device), self.states[-1:], self.cache.keys[0], self.cache.values[0], end)
         self.states = torch.cat((self.states, out))
         return logits
 

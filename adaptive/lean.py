@@ -281,7 +281,7 @@ class LeanLlama:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         n, end = len(token_ids), start + len(token_ids)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        group, half = heads // kv_heads, dim // 2
+        group = heads // kv_heads
         x = self.embedding[token_ids]  # [n, hidden]
         cos, sin = self.rotary(positions)
         if mask is None and n > 1:  # causal: token i sees slots up to start + i
@@ -292,24 +292,36 @@ class LeanLlama:
         for index in range(self.layers):
             if index in taps:
                 tapped.append(x)
-            attention_norm, mlp_norm = self.norms[index]
-            qkv = self.qkv[index](self.rms_norm(x, attention_norm))  # [n, (heads + 2·kv_heads)·dim]
-            qk = qkv[:, : (heads + kv_heads) * dim].view(n, heads + kv_heads, dim)
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary, queries and keys at once
-            keys[index][:, start:end] = qk[:, heads:].transpose(0, 1)
-            values[index][:, start:end] = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim).transpose(0, 1)
-            queries = qk[:, :heads].transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
+            queries, new_keys, new_values = self._project(index, x, cos, sin)
+            keys[index][:, start:end] = new_keys.transpose(0, 1)
+            values[index][:, start:end] = new_values.transpose(0, 1)
+            queries = queries.transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
             if fused:
                 attended = fused_attention(queries, keys[index][:, :end], values[index][:, :end])
             else:
                 attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
-            x = x + self.out[index](attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
-            gate, up = self.gate_up[index](self.rms_norm(x, mlp_norm)).chunk(2, dim=-1)
-            x = x + self.down[index](F.silu(gate) * up)
+            x = self._finish(index, x, attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
         x = self.rms_norm(x, self.final_norm)
         if self.layers in taps:
             tapped.append(x)
         return self.head(x), tapped
+
+    def _project(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s rotated queries ``[N, heads, dim]``, rotated keys and values ``[N, kv_heads, dim]`` of
+        the residual streams ``x [N, hidden]`` (cos and sin ``[N, 1, dim]``)."""
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        half = dim // 2
+        qkv = self.qkv[index](self.rms_norm(x, self.norms[index][0]))  # [N, (heads + 2·kv_heads)·dim]
+        qk = qkv[:, : (heads + kv_heads) * dim].view(len(x), heads + kv_heads, dim)
+        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary, queries and keys at once
+        return qk[:, :heads], qk[:, heads:], qkv[:, (heads + kv_heads) * dim :].view(len(x), kv_heads, dim)
+
+    def _finish(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Layer ``index``'s output streams: ``x [N, hidden]`` plus the projected attention (``attended [N, heads·dim]``),
+        plus the MLP of that."""
+        x = x + self.out[index](attended)
+        gate, up = self.gate_up[index](self.rms_norm(x, self.norms[index][1])).chunk(2, dim=-1)
+        return x + self.down[index](F.silu(gate) * up)
 
     @torch.inference_mode()
     def batched(
@@ -321,7 +333,7 @@ class LeanLlama:
         ``taps`` layers ``[B, n, hidden]`` each."""
         rows, n = token_ids.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        group, half = heads // kv_heads, dim // 2
+        group = heads // kv_heads
         x = self.embedding[token_ids].reshape(rows * n, -1)
         cos, sin = self.rotary(positions.reshape(-1))
         mask = allowed.repeat(1, group, 1)[:, None]  # query rows ordered (head within its group, token), as in _forward
@@ -329,18 +341,11 @@ class LeanLlama:
         for index in range(self.layers):
             if index in taps:
                 tapped.append(x.view(rows, n, -1))
-            attention_norm, mlp_norm = self.norms[index]
-            qkv = self.qkv[index](self.rms_norm(x, attention_norm))
-            qk = qkv[:, : (heads + kv_heads) * dim].view(rows * n, heads + kv_heads, dim)
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
-            keys = qk[:, heads:].view(rows, n, kv_heads, dim).transpose(1, 2)
-            values = qkv[:, (heads + kv_heads) * dim :].view(rows, n, kv_heads, dim).transpose(1, 2)
-            cache[index].append(keys, values)
-            queries = qk[:, :heads].view(rows, n, heads, dim).transpose(1, 2).reshape(rows, kv_heads, group * n, dim)
+            queries, keys, values = self._project(index, x, cos, sin)
+            cache[index].append(keys.view(rows, n, kv_heads, dim).transpose(1, 2), values.view(rows, n, kv_heads, dim).transpose(1, 2))
+            queries = queries.reshape(rows, n, heads, dim).transpose(1, 2).reshape(rows, kv_heads, group * n, dim)
             attended = F.scaled_dot_product_attention(queries, cache[index].keys, cache[index].values, attn_mask=mask)
-            x = x + self.out[index](attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
-            gate, up = self.gate_up[index](self.rms_norm(x, mlp_norm)).chunk(2, dim=-1)
-            x = x + self.down[index](F.silu(gate) * up)
+            x = self._finish(index, x, attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
         x = self.rms_norm(x, self.final_norm)
         if self.layers in taps:
             tapped.append(x.view(rows, n, -1))

@@ -162,22 +162,21 @@ def profile_pair(
             draft_cache = _draft_after(target, draft, context)
             copy_session = draft_session(CopyDraft(), target_cache)
             copy_session.forward(context)
-            points = [(draft_cache, new[:DRAFT_RUN], False)] + [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)]
-            points.append((copy_session, new[:1], False))
+            draft_tokens = new[:DRAFT_RUN]  # as many as max_verify allows
+            points = [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)] + [(copy_session, new[:1], False)]
             times: list[list[float]] = [[] for _ in points]
-            run: list[list[float]] = [[] for _ in range(DRAFT_RUN)]
+            run: list[list[float]] = [[] for _ in draft_tokens]
             for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
-                for index, (model, tokens, masked) in enumerate(points):  # the draft run follows the previous sweep's target forwards
-                    steps = _timed_draft_run(model, tokens, clock) if index == 0 else [_timed_call(model, tokens, clock, masked)]
-                    if sweep:
-                        times[index].append(sum(steps) / len(steps))
-                        for position, step in enumerate(steps if index == 0 else ()):
-                            run[position].append(step)
+                steps = _timed_draft_run(draft_cache, draft_tokens, clock)  # after the previous sweep's target forwards
+                seconds = [_timed_call(model, tokens, clock, masked) for model, tokens, masked in points]
+                if sweep:
+                    for timed, measured in zip([*run, *times], [*steps, *seconds]):
+                        timed.append(measured)
                 progress.update()
-            result["draft_step"][str(ctx)] = _summary(times[0])
-            result["draft_run"][str(ctx)] = [_summary(position) for position in run if position]  # as many as max_verify allows
+            result["draft_step"][str(ctx)] = _summary([statistics.mean(sweep) for sweep in zip(*run)])
+            result["draft_run"][str(ctx)] = [_summary(position) for position in run]
             result["copy_step"][str(ctx)] = _summary(times[-1])
-            result["verify"][str(ctx)] = {str(n): _summary(times[n]) for n in range(1, max_verify + 1)}
+            result["verify"][str(ctx)] = {str(n): _summary(times[n - 1]) for n in range(1, max_verify + 1)}
     summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")
