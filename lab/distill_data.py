@@ -1,12 +1,14 @@
 """Self-distillation data: the target's own responses to the draft-training prompt pool, in shards.
 
-Generation is the expensive part of building a draft (hours on a 2-core CPU), so it is sharded and
-resumable: every ``shard_size`` prompts are written to their own JSONL file (``greedy-00012.jsonl`` or
-``t0.7-00012.jsonl``), and a rerun skips every prompt id already present in a complete shard. Prompts are
-shuffled once with a fixed seed (languages and tasks mixed in every shard), then sorted by length inside a
-shard so that batches carry little padding. The target's hidden states are not stored here: training
-recomputes them with one teacher-forced forward per sequence, the same multi-token forward that
-verification runs at decoding time.
+Generation is the expensive part of building a draft (hours on a 2-core CPU), so it is sharded and resumable: every
+``shard_size`` prompts are written to their own JSONL file (``greedy-00012.jsonl`` or ``t0.7-00012.jsonl``), and a
+rerun skips every prompt id already present in a complete shard. Prompts are shuffled once with a fixed seed
+(languages and tasks mixed in every shard), then sorted by length inside a shard so that batches carry little
+padding. Since 2026-12-06 responses are generated on the lean engine with continuous batching
+(:mod:`lab.batched_sampling`, ~2.5x transformers' ``generate`` here), seeded per shard; the earlier shards came from
+``generate`` (seeded per batch of 64), the same bf16 weights and the same sampling. The target's hidden states are
+not stored here: training recomputes them with one teacher-forced forward per sequence, the same multi-token forward
+that verification runs at decoding time.
 
 Run in the background: ``nohup .venv/bin/adaptive distill-data --temperature 0 &`` (then ``--temperature 0.7``).
 """
@@ -23,12 +25,18 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from adaptive.lean import LeanLlama
 from adaptive.models import smollm2_folder
 from adaptive.workload import chat_ids
+from lab.batched_sampling import continue_many
 
 log = logging.getLogger(__name__)
 
 POOL = Path(__file__).resolve().parents[1] / "data" / "workload" / "draft-prompts.jsonl"
+CHAT_POOL = POOL.with_name("draft-chat-prompts.jsonl")
+"""General-chat user turns written by the target (``adaptive chat-prompts``), the pool's second part."""
+CHAT_TEST = POOL.with_name("chat-test-prompts.jsonl")
+"""Hand-written general-chat requests kept out of every pool: the draft's chat test."""
 SHARDS = Path(__file__).resolve().parents[1] / "data" / "distill" / "smollm2-135m"
 """Committed shards (token ids only, ~0.55 MB per 512 prompts): hours of generation survive any one machine."""
 
@@ -45,19 +53,10 @@ def done_ids(folder: Path, prefix: str) -> set[str]:
     return ids
 
 
-def generate_batch(model, tokenizer, encoded: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-    """Responses (ids, ending with EOS when the model stopped) for a left-padded batch of prompts."""
-    eos = tokenizer.eos_token_id
-    width = max(map(len, encoded))
-    ids = torch.tensor([[eos] * (width - len(e)) + e for e in encoded])
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=eos, **sampling)
-    responses = []
-    for row in out[:, width:].tolist():
-        responses.append(row[: row.index(eos) + 1] if eos in row else row)
-    return responses
+def load_target_for_generation(dtype: torch.dtype):
+    """The default target (eager transformers, for batched ``generate``) and its tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+    return AutoModelForCausalLM.from_pretrained(smollm2_folder(), dtype=dtype).eval(), tokenizer
 
 
 def generate_shards(
@@ -71,8 +70,8 @@ def generate_shards(
     done = done_ids(folder, prefix) & {p["id"] for p in prompts}
     todo = [p for p in order if p["id"] not in done]
     log.info("%d of %d prompts done; %d to go", len(done), len(order), len(todo))
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
-    model = AutoModelForCausalLM.from_pretrained(smollm2_folder(), dtype=dtype).eval()
+    model, tokenizer = load_target_for_generation(dtype)
+    engine = LeanLlama(model, "model")
     first_shard = len(list(folder.glob(f"{prefix}-*.jsonl")))
     bar = tqdm(total=len(todo), desc=f"{prefix} responses", unit="prompt")
     for index, start in enumerate(range(0, len(todo), shard_size)):
@@ -81,13 +80,17 @@ def generate_shards(
         path = folder / f"{prefix}-{first_shard + index:05d}.jsonl"
         partial = path.with_suffix(".partial")
         began, tokens = time.perf_counter(), 0
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + first_shard + index)
         with partial.open("w") as out:
-            for b in range(0, len(shard), batch_size):
-                torch.manual_seed(seed * 1_000_003 + first_shard + index * 1000 + b)
-                responses = generate_batch(model, tokenizer, encoded[b : b + batch_size], max_new_tokens, temperature)
-                for prompt, ids, response in zip(shard[b : b + batch_size], encoded[b : b + batch_size], responses):
-                    out.write(json.dumps({"id": prompt["id"], "lang": prompt["lang"], "task": prompt["task"], "prompt_ids": ids, "response": response}) + "\n")
-                    tokens += len(response)
-                bar.update(len(responses))
+            results = continue_many(
+                engine, encoded, max_new_tokens=max_new_tokens, eos=tokenizer.eos_token_id, batch_size=batch_size, temperature=temperature, generator=generator
+            )
+            for i, response, _ in results:
+                prompt = shard[i]
+                out.write(
+                    json.dumps({"id": prompt["id"], "lang": prompt["lang"], "task": prompt["task"], "prompt_ids": encoded[i], "response": response}) + "\n"
+                )
+                tokens += len(response)
+                bar.update(1)
         partial.replace(path)
         log.info("%s: %d prompts, %d response tokens, %.0f tok/s", path.name, len(shard), tokens, tokens / (time.perf_counter() - began))

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from adaptive.models import cache_root, smollm2_folder  # noqa: E402
 from adaptive.workload import LANGUAGES, chat_ids  # noqa: E402
+from lab.text_language import CJK, in_language  # noqa: E402
 
 PACKAGES = [
     "fortunes",
@@ -141,26 +142,6 @@ NAMED = re.compile(r'"([^"\n]{2,40})"|\b([a-z][\w.+-]*\(\d\))|(?<![\w/])(/[\w.-]
 PROMPTS_PER_TASK = 75  # per language: 4 tasks x 75 = 300 prompts
 SPLIT_THRESHOLDS = (("train", 70), ("val", 85), ("test", 100))
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-STOPWORDS = {
-    "en": {"the", "of", "and", "to", "is", "in", "you", "that", "it", "with"},
-    "it": {"il", "di", "che", "la", "e", "per", "un", "una", "non", "della", "è", "gli"},
-    "es": {"el", "de", "que", "la", "y", "los", "las", "por", "un", "una", "se", "del"},
-}
-CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-def in_language(text: str, lang: str) -> bool:
-    """True unless the text is plainly in another language (untranslated pages of translated manuals)."""
-    cjk = len(CJK.findall(text))
-    if lang == "zh":
-        return cjk >= 0.2 * len(re.sub(r"\s", "", text))
-    if cjk:
-        return False
-    words = re.findall(r"[a-zàèéìíòóùúñü]+", text.lower())
-    hits = {other: sum(w in stop for w in words) for other, stop in STOPWORDS.items()}
-    return max(hits.values()) == 0 or hits[lang] == max(hits.values())
 
 
 def split_of(text: str) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from adaptive.batch_profile import BatchCostProfile
 from adaptive.copy_draft import CopyDraft
+from adaptive.lean import LeanLlama
 from adaptive.models import cache_root
 from adaptive.pair import load_target
 from adaptive.precision import DTYPES, bf16_matmuls, resolve_dtype
@@ -22,9 +23,10 @@ from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS, load_prompts
+from lab.chat_prompts import diversity, write_chat_prompts
 from lab.cli.common import add_engine_argument, add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
-from lab.distill_data import POOL, SHARDS, generate_shards
+from lab.distill_data import CHAT_POOL, CHAT_TEST, POOL, SHARDS, generate_shards, load_target_for_generation
 from lab.distill_eagle3 import Eagle3Kind
 from lab.draft_training import TrainingConfig, train_draft, workload_sequences
 from lab.recording import TRACES, record_chains, record_chains_sharded, record_tree_traces, select_prompts
@@ -246,6 +248,24 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat_prompts(args: argparse.Namespace) -> int:
+    """General-chat requests for the draft pool: expanded seeds, then English turns the target writes (hours: background)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    out = Path(args.out)
+    if not args.report:
+        warn_if_emulated_bf16(args.dtype, "--dtype")
+        model, tokenizer = load_target_for_generation(DTYPES[resolve_dtype(args.dtype)])
+        engine = LeanLlama(model, "model")
+        held_out = [p["prompt"] for split in ("val", "test") for p in load_prompts(split) if len(p["prompt"]) > 40]
+        avoid = [json.loads(line)["prompt"] for line in CHAT_TEST.read_text().splitlines()]
+        write_chat_prompts(engine, tokenizer, out, magpie=args.magpie, held_out=held_out, avoid=avoid, batch_size=args.batch_size, seed=args.seed)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    report = diversity(rows)
+    columns = ["requests", "mean_chars", "distinct_1", "distinct_2"]
+    print(format_table(["lang", "source", *columns], [[*key, f"{r['requests']:,}", *(f"{r[c]:.3g}" for c in columns[1:])] for key, r in report.items()]))
+    return 0
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     """Train a draft for the default target on its own responses to the draft-training prompts (long: run
     it in the background; rerun with the same --out to continue): a standalone model or an EAGLE-3 head."""
@@ -342,6 +362,17 @@ def register(commands) -> None:
     data.add_argument("--max-new-tokens", type=int, default=128)
     data.add_argument("--seed", type=int, default=0)
     data.set_defaults(func=cmd_distill_data)
+
+    chat = commands.add_parser(
+        "chat-prompts", help="general-chat requests for the draft pool: expanded hand-written seeds, then English turns by the target (resumable)"
+    )
+    chat.add_argument("--out", default=str(CHAT_POOL), help="JSONL the turns are appended to (rerun to continue)")
+    chat.add_argument("--magpie", type=int, default=12_000, help="English turns the target writes itself, after the expanded seeds (23,040)")
+    chat.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="bfloat16", help="auto: bfloat16 where the CPU multiplies it natively")
+    chat.add_argument("--batch-size", type=int, default=64)
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--report", action="store_true", help="only print how diverse the turns in --out are")
+    chat.set_defaults(func=cmd_chat_prompts)
 
     dist = commands.add_parser("distill", help="train a draft for the default target on its own responses: a standalone model or an EAGLE-3 head")
     dist.add_argument("--kind", choices=["standalone", "eagle3"], default="standalone", help="standalone 2-layer model (default) or EAGLE-3 head")
