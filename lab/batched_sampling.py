@@ -9,7 +9,7 @@ rotary positions count from each row's first real token, so every row is compute
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -94,15 +94,19 @@ def continue_many(
     temperature: float = 0.0,
     top_k: int = 0,
     generator: torch.Generator | None = None,
+    between_steps: Callable[[], object] | None = None,
 ) -> Iterator[tuple[int, list[int], float]]:
     """Yield, as each finishes: a prompt's index, its continuation (ids, ending with ``eos`` when the model ended it)
     and the continuation's mean log-probability per token under the distribution it was drawn from. New prompts
-    join (in order) whenever a quarter of the batch has left."""
+    join (in order) whenever a quarter of the batch has left. ``between_steps`` is called before every forward
+    (background work yields to live measurements there)."""
     waiting = list(range(len(prompts)))[::-1]
     outputs: dict[int, list[int]] = {}
     scores: dict[int, float] = {}
     rows: _Rows | None = None
     while waiting or rows is not None:
+        if between_steps is not None:
+            between_steps()
         room = batch_size - (0 if rows is None else len(rows.index))
         if waiting and room >= max(1, batch_size // 4):
             joining = [waiting.pop() for _ in range(min(room, len(waiting)))]

@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from adaptive.lean import LeanLlama
+from lab.background import yield_to_measurements
 from lab.batched_sampling import continue_many
 from lab.chat_seeds import MODIFIERS, OPENINGS, REQUESTS
 from lab.text_language import CJK, in_language
@@ -199,7 +200,15 @@ def write_chat_prompts(
                 batch.append((kind, rng.choice(OPENINGS[kind])))
             encoded = [turn_prefix(tokenizer, opening) for _, opening in batch]
             results = continue_many(
-                engine, encoded, max_new_tokens=max_new_tokens, eos=eos, batch_size=batch_size, temperature=temperature, top_k=top_k, generator=generator
+                engine,
+                encoded,
+                max_new_tokens=max_new_tokens,
+                eos=eos,
+                batch_size=batch_size,
+                temperature=temperature,
+                top_k=top_k,
+                generator=generator,
+                between_steps=yield_to_measurements,
             )
             for i, output, score in results:
                 attempts += 1

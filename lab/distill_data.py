@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from adaptive.lean import LeanLlama
 from adaptive.models import smollm2_folder
 from adaptive.workload import chat_ids
+from lab.background import yield_to_measurements
 from lab.batched_sampling import continue_many
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,14 @@ def generate_shards(
         generator = torch.Generator().manual_seed(seed * 1_000_003 + first_shard + index)
         with partial.open("w") as out:
             results = continue_many(
-                engine, encoded, max_new_tokens=max_new_tokens, eos=tokenizer.eos_token_id, batch_size=batch_size, temperature=temperature, generator=generator
+                engine,
+                encoded,
+                max_new_tokens=max_new_tokens,
+                eos=tokenizer.eos_token_id,
+                batch_size=batch_size,
+                temperature=temperature,
+                generator=generator,
+                between_steps=yield_to_measurements,
             )
             for i, response, _ in results:
                 prompt = shard[i]

@@ -39,6 +39,7 @@ from tqdm import tqdm
 from adaptive.eagle3 import default_layer_ids
 from adaptive.traces import TraceSet
 from adaptive.workload import chat_ids, first_per_language
+from lab.background import yield_to_measurements
 from lab.draft_card import model_card
 from lab.feature_cache import FeatureCache, cache_folder
 
@@ -422,6 +423,7 @@ def train_draft(
         _log(out, {"step": 0, **measure(), "train_sequences": len(train_set)})
     with tqdm(total=config.steps, initial=state["step"], desc=f"{kind.name} draft", unit="step") as bar:
         while state["step"] < config.steps:
+            yield_to_measurements()
             while cursor + config.batch_size > len(order):
                 order += _epoch(train_set, rng, config.batch_size)
             batch = teacher.batch([train_set[i] for i in order[cursor : cursor + config.batch_size]], config.max_length, pad)

@@ -9,6 +9,7 @@ prompt together), and a ratio whose interval covers 1 is reported as "not signif
 Other work on the machine slows whatever generation it lands in. While the pause file exists
 (``$ADAPTIVE_PAUSE_FILE``, default ``runs/pause`` under the working directory) a measurement waits between
 generations, never inside one: ``touch runs/pause``, wait for "paused" in its log, run the other work, remove it.
+The other way round, background data work (:mod:`lab.background`) waits while a measurement runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from adaptive.precision import DEFAULT_DTYPE
 from adaptive.profiling import hardware_description
 from adaptive.sampling import GREEDY, SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, interleave_tasks, load_prompts
+from lab.background import live_measurement
 from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
 from lab.memory import PeakMemory
@@ -166,7 +168,10 @@ def measure(
     pause = pause_file()
     tqdm.write(f"{desc}: touch {pause} to pause between generations")
     results: dict[str, list[dict]] = {name: [row[name] for row in done] for name in names}
-    with tqdm(total=len(prompts) * repeats * len(names), initial=len(done) * repeats * len(names), desc=desc, unit="generation") as progress:
+    with (
+        live_measurement(),
+        tqdm(total=len(prompts) * repeats * len(names), initial=len(done) * repeats * len(names), desc=desc, unit="generation") as progress,
+    ):
         for index in range(len(done), len(prompts)):
             prompt, ids = prompts[index], prompt_ids[index]
             runs: dict[str, list] = {name: [] for name in names}

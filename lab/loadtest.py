@@ -36,6 +36,7 @@ from adaptive.profiling import hardware_description
 from adaptive.sampling import SamplingConfig
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from lab import live_protocol
+from lab.background import live_measurement
 from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
 from lab.live_protocol import TurnClock
@@ -281,7 +282,7 @@ def load_test(
     total = len(settings.loads) * settings.repeats * len(names)
     pause = live_protocol.pause_file()
     tqdm.write(f"load test: touch {pause} to pause between runs")
-    with tqdm(total=total, initial=len(out["loads"]) * settings.repeats * len(names), desc="load test", unit="run") as bar:
+    with live_measurement(), tqdm(total=total, initial=len(out["loads"]) * settings.repeats * len(names), desc="load test", unit="run") as bar:
         for load in settings.loads[len(out["loads"]) :]:
             runs: dict[str, list[dict]] = {name: [] for name in names}
             requests = [ids for _, ids in prompts[: load.requests]]

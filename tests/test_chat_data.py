@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 from conftest import tiny_llama
 
 from adaptive.lean import LeanLlama
+from lab.background import live_measurement, measurements_running, yield_to_measurements
 from lab.batched_sampling import continue_many, next_tokens
 from lab.chat_prompts import NearDuplicates, expanded_requests
 from lab.chat_seeds import MODIFIERS, REQUESTS
@@ -70,3 +75,32 @@ def test_expanded_requests_cover_every_combination_except_those_near_a_held_out_
     assert len([row for row in rows if row["lang"] == "en"]) == per_language["en"] - len(dropped)
     assert len({row["id"] for row in rows}) == len(rows)
     assert not any("{x}" in row["prompt"] for row in rows)
+
+
+def test_background_work_waits_while_a_live_measurement_of_another_process_runs(tmp_path, monkeypatch):
+    """A marker of a running process holds background work back until it goes; a dead process's marker is
+    removed at once; this process's own marker never holds itself back."""
+    monkeypatch.setenv("ADAPTIVE_MEASURING_DIR", str(tmp_path))
+    assert yield_to_measurements(sleep=lambda _: None, say=lambda _: None) == 0.0
+    with live_measurement():
+        assert (tmp_path / str(os.getpid())).exists() and not measurements_running()
+    assert not (tmp_path / str(os.getpid())).exists()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marker = tmp_path / str(other.pid)
+        marker.touch()
+        polls = []
+
+        def sleep(_: float) -> None:
+            polls.append(1)
+            if len(polls) == 3:  # the measurement ends
+                marker.unlink()
+
+        yield_to_measurements(sleep=sleep, say=lambda _: None)
+        assert len(polls) == 3
+    finally:
+        other.kill()
+        other.wait()
+    stale = tmp_path / str(other.pid)
+    stale.touch()
+    assert not measurements_running() and not stale.exists()
