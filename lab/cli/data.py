@@ -273,7 +273,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
     kind = Eagle3Kind(args.ttt_steps) if args.kind == "eagle3" else StandaloneKind(args.layers, args.init)
     warn_if_emulated_bf16(args.target_dtype, "--target-dtype")
     target, tokenizer = load_target("smollm2-135m", args.target_dtype)
-    config = TrainingConfig(draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed)
+    config = TrainingConfig(
+        draft_vocab_size=args.vocab, steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, seed=args.seed, max_length=args.max_length
+    )
     features = None if args.feature_cache == "none" else Path(args.feature_cache)
     also = {}
     if args.measure_split != "none":  # what the policies will see: the workload's prompts, never the draft's
@@ -381,7 +383,8 @@ def register(commands) -> None:
     dist.add_argument("--steps", type=int, default=4000, help="optimiser steps in all (cosine schedule over them)")
     dist.add_argument("--batch-size", type=int, default=8)
     dist.add_argument("--learning-rate", type=float, default=5e-4, help="peak AdamW learning rate")
-    dist.add_argument("--vocab", type=int, default=8192, help="size of the draft vocabulary")
+    dist.add_argument("--vocab", type=int, default=8192, help="size of the draft vocabulary (benchmarks/draft_vocabulary.py measures coverage per size)")
+    dist.add_argument("--max-length", type=int, default=320, help="tokens per training sequence, prompt + response (512 keeps 256-token answers)")
     dist.add_argument("--target-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="dtype of the target's forward")
     dist.add_argument(
         "--feature-cache",
