@@ -15,9 +15,10 @@ from __future__ import annotations
 from adaptive.copy_draft import CopyDraft
 from adaptive.costmodel import expected_tokens, expected_tokens_from_lengths, optimal_gamma, optimal_gamma_from_lengths, speedup
 from adaptive.decoder import SpeculativeDecoder, generate_plain
+from adaptive.engines import use_engine
 from adaptive.exactness import induced_distribution, monte_carlo_audit, total_variation
 from adaptive.generation import GenerationResult
-from adaptive.lean import make_lean, use_engine
+from adaptive.lean import make_lean
 from adaptive.learned_policy import LearnedPolicy, load_policy
 from adaptive.pair import ModelPair, check_compatible, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.policy import BasePolicy, DraftPolicy, DraftState, DraftStep, RoundStats

@@ -23,7 +23,7 @@ from torch import nn
 from adaptive.batched_model import BatchedCachedModel
 from adaptive.drafts import surviving, target_taps
 from adaptive.eagle3 import Eagle3Head, rotary
-from adaptive.lean import drafting_head
+from adaptive.lean_head import drafting_head
 
 
 def batched_sessions(target: nn.Module, draft: nn.Module) -> tuple[BatchedCachedModel, BatchedCachedModel | BatchedHeadSession]:

@@ -29,7 +29,8 @@ from torch import nn
 from adaptive.cached_model import CachedModel, output_vocab_size
 from adaptive.copy_draft import MODEL_FREE, CopyDraft, CopySession, PromptLookupDraft, PromptLookupSession
 from adaptive.eagle3 import Eagle3Head, rotary
-from adaptive.lean import KVCache, drafting_head, open_cache
+from adaptive.lean import KVCache, open_cache
+from adaptive.lean_head import drafting_head
 
 Draft = nn.Module | CopyDraft | PromptLookupDraft
 """Anything that drafts: a transformers causal LM, a distilled draft, an EAGLE-3 head or a copy drafter."""
@@ -86,7 +87,7 @@ class HeadSession:
         self.net = drafting_head(head)
         """What computes the entries: ``head``, or its low-bit copy under a lean engine."""
         self.own_step = getattr(self.net, "own_step", None)
-        """The compiled step of an entry made from the head's own state, where the engine gave one (:class:`~adaptive.lean.HeadStep`)."""
+        """The compiled step of an entry made from the head's own state, where the engine gave one (:class:`~adaptive.lean_head.HeadStep`)."""
         self.target = target
         self.device = head.d2t.device
         self.dtype = head.fc.weight.dtype
@@ -168,7 +169,7 @@ class HeadSession:
 
     def _own_entry(self, token: int) -> torch.Tensor:
         """The entry of a drafted token, made from the last entry's output state; its logits ``[1, V]``. Through the
-        head's compiled step where the engine gave it one (:class:`~adaptive.lean.HeadStep`)."""
+        head's compiled step where the engine gave it one (:class:`~adaptive.lean_head.HeadStep`)."""
         if self.own_step is None:
             return self.net.target_logits(self._entries([token], self.states[-1:]))
         end = len(self.states) + 1

@@ -16,8 +16,8 @@ attention written as products and sums it fuses (:func:`fused_attention`). Forwa
 compiled they were slower, with a dynamic token count and with one graph per padded bucket of 4 and 8 tokens alike
 (2 tokens 10.1 against 7.7 ms, 5 tokens 14.7 against 12.3 ms, compiled-int4, 2026-12-06).
 
-EAGLE-3 heads follow the engine (:func:`use_engine`): under low-bit weights they draft with an int8 copy of their
-matrices (:func:`lean_head`), and under the compiled engines their own-state step is compiled too (:class:`HeadStep`).
+EAGLE-3 heads follow the engine (:mod:`adaptive.lean_head`), and :mod:`adaptive.engines` names the engines the
+command line offers.
 
 :func:`make_lean` attaches an engine to a loaded model; :func:`open_cache` gives a decoder the session for a model,
 lean where one is attached (:class:`LeanCache`), else transformers' own (:class:`~adaptive.cached_model.CachedModel`).
@@ -37,7 +37,6 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from adaptive.cached_model import CachedModel, output_vocabulary
-from adaptive.eagle3 import Eagle3Head, rotary
 from adaptive.models import cache_root
 
 WEIGHTS = ("model", "int8", "int4")
@@ -101,64 +100,6 @@ class LeanLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.product.out_features)
-
-
-HEAD_WEIGHTS = {"model": "model", "int8": "int8", "int4": "int8"}
-"""How an EAGLE-3 head holds its matrices under each engine's :data:`WEIGHTS`: its own dtype under ``model``, else int8
-(one draft step of the default head: 0.99 ms bf16, 0.44 ms int8, 0.45 ms int4: past int8 the step is not its matrices)."""
-
-
-class HeadStep:
-    """An EAGLE-3 head's entry made from its own last output state (each drafted token after a round's first), compiled
-    by inductor: the layer's small ops fused, attention included (:func:`fused_attention`)."""
-
-    def __init__(self, head: Eagle3Head, dtype: torch.dtype) -> None:
-        self.head = head
-        self.dtype = dtype
-        self.step = torch.compile(self._step, dynamic=None, fullgraph=True)
-
-    @torch.inference_mode()
-    def __call__(self, token: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The new entry's output state ``[1, H]`` and logits ``[1, V]`` over the target vocabulary, for ``token [1]``
-        read with ``state [1, H]`` at position ``end - 1``; its key and value are written to slot ``end - 1`` of
-        ``keys``/``values`` ``[kv_heads, capacity, dim]`` (capacity > end) and it attends over slots ``[0, end)``."""
-        return self.step(token, state, keys, values, end)
-
-    def _step(self, token: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        head, config = self.head, self.head.config
-        layer, attention = head.midlayer, head.midlayer.self_attn
-        position = torch.full((1,), end - 1, dtype=torch.long, device=token.device)
-        cos, sin = rotary(position, config.head_dim, config.rope_theta, state.dtype)
-        queries, key, value = attention.project(layer.inputs(head.embedding(token), state), cos, sin)
-        keys[:, end - 1 : end] = key
-        values[:, end - 1 : end] = value
-        kv_heads, dim = config.num_key_value_heads, config.head_dim
-        attended = fused_attention(queries.reshape(kv_heads, -1, dim), keys[:, :end], values[:, :end])
-        out = layer.finish(state, attention.o_proj(attended.reshape(1, -1)))
-        return out, head.target_logits(out)
-
-
-def lean_head(head: Eagle3Head, kind: str, compiled: bool = False) -> Eagle3Head:
-    """A copy of ``head`` (sharing the target's embedding) whose matrices are :class:`LeanLinear` products of ``kind``;
-    ``compiled``: with a compiled :class:`HeadStep` as ``own_step``, compiled now (:func:`compile_head_step`)."""
-    lean = Eagle3Head(head.config, head.embedding).to(device=head.device, dtype=head.fc.weight.dtype)
-    lean.load_state_dict(head.state_dict())
-    layer = lean.midlayer
-    matrices = {lean: ("fc", "lm_head"), layer.self_attn: ("q_proj", "k_proj", "v_proj", "o_proj"), layer.mlp: ("gate_proj", "up_proj", "down_proj")}
-    for parent, names in matrices.items():
-        for name in names:
-            setattr(parent, name, LeanLinear(getattr(parent, name), kind))
-    lean.eval()
-    if compiled:
-        lean.own_step = HeadStep(lean, head.fc.weight.dtype)
-        compile_head_step(lean.own_step)
-    return lean
-
-
-def drafting_head(head: Eagle3Head) -> Eagle3Head:
-    """The head a session drafts with: the lean copy :func:`use_engine` attached, else ``head`` itself."""
-    lean = head.__dict__.get("lean_engine")
-    return head if lean is None else lean
 
 
 class KVCache:
@@ -503,19 +444,6 @@ def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
                 progress.update()
 
 
-def compile_head_step(step: HeadStep) -> None:
-    """Compile a head's own-state step before any timed work, with a progress bar, for a first cache and a grown one
-    (as :func:`compile_step`; artefacts cached in the same place)."""
-    use_inductor_cache()
-    config, head, dtype = step.head.config, step.head, step.dtype
-    with tqdm(total=2, desc="compiling the head's step", unit="graph") as progress, torch.inference_mode():  # as sessions make their tensors
-        for capacity in (CACHE_BLOCK, 2 * CACHE_BLOCK):
-            keys = torch.zeros(config.num_key_value_heads, capacity, config.head_dim, dtype=dtype, device=head.device)
-            token = torch.zeros(1, dtype=torch.long, device=head.device)
-            step(token, torch.zeros(1, config.hidden_size, dtype=dtype, device=head.device), keys, keys.clone(), capacity - CACHE_BLOCK + 2)
-            progress.update()
-
-
 def use_inductor_cache() -> None:
     """Keep inductor's artefacts in ``$TORCHINDUCTOR_CACHE_DIR``, by default ``~/.cache/adaptive-draft/inductor``."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):  # unset, or torch's /tmp default
@@ -526,41 +454,3 @@ def open_cache(model: PreTrainedModel, taps: tuple[int, ...] | None = None) -> C
     """A one-sequence cached session of ``model``: lean where :func:`make_lean` attached an engine, else transformers'."""
     engine = getattr(model, "lean_engine", None)
     return LeanCache(model, engine, taps) if engine is not None else CachedModel(model, taps=taps)
-
-
-ENGINES = {
-    "eager": None,
-    "lean": ("model", False),
-    "lean-int8": ("int8", False),
-    "lean-int4": ("int4", False),
-    "compiled": ("model", True),
-    "compiled-int8": ("int8", True),
-    "compiled-int4": ("int4", True),
-}
-"""What ``--engine`` takes: transformers' eager forward, or the lean one (weights, one-token step compiled)."""
-
-
-def engine_of(model: object) -> str:
-    """The :data:`ENGINES` name ``model`` runs through."""
-    engine = getattr(model, "lean_engine", None)
-    return "eager" if engine is None else next(name for name, kind in ENGINES.items() if kind == (engine.weights, engine.compiled))
-
-
-def use_engine(models: Sequence[object], engine: str) -> None:
-    """Run each of ``models`` that is a transformers Llama-layout model through ``engine`` (:data:`ENGINES`); each
-    EAGLE-3 head drafts with a copy whose matrices are as :data:`HEAD_WEIGHTS` says for the engine's weights (under
-    ``lean``, with the model's own weights, the head itself), its own-state step compiled under the compiled engines;
-    distilled drafts and the copy drafter keep their own forward."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    for model in models:
-        if isinstance(model, Eagle3Head):
-            model.__dict__.pop("lean_engine", None)
-            if ENGINES[engine] is not None and ENGINES[engine] != ("model", False):
-                weights, compiled = ENGINES[engine]
-                model.__dict__["lean_engine"] = lean_head(model, HEAD_WEIGHTS[weights], compiled)  # not a registered submodule: never saved or trained
-        elif isinstance(model, PreTrainedModel):
-            if ENGINES[engine] is None:
-                model.__dict__.pop("lean_engine", None)
-            else:
-                make_lean(model, *ENGINES[engine])

@@ -13,7 +13,7 @@ from adaptive.cached_model import output_vocab_size
 from adaptive.copy_draft import CopyDraft
 from adaptive.draft_model import WEIGHTS, load_draft
 from adaptive.eagle3 import is_head_folder, load_head
-from adaptive.lean import use_engine
+from adaptive.engines import use_engine
 from adaptive.models import smollm2_folder
 from adaptive.precision import DEFAULT_DTYPE, DTYPES, resolve_dtype
 
@@ -87,7 +87,7 @@ def named_pair(name: str) -> NamedPair:
 
 def load_pair(name: str, dtype: str = DEFAULT_DTYPE, device: str = "cpu", engine: str = "eager") -> ModelPair:
     """Load a named pair, e.g. ``load_pair("smollm2-135m")``; no network needed. ``engine``: the forward its
-    target runs through (:data:`adaptive.lean.ENGINES`).
+    target runs through (:data:`adaptive.engines.ENGINES`).
 
     Example:
         >>> pair = load_pair("smollm2-135m")  # doctest: +SKIP

@@ -18,8 +18,9 @@ from adaptive.batched_head import batched_sessions
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.drafts import HeadSession, draft_session, target_taps
+from adaptive.engines import engine_of
 from adaptive.generation import Clock
-from adaptive.lean import engine_of, open_cache
+from adaptive.lean import open_cache
 from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from adaptive.cached_model import CachedModel
-from adaptive.lean import ENGINES, LeanCache, LeanLlama, compile_step
+from adaptive.engines import ENGINES
+from adaptive.lean import LeanCache, LeanLlama, compile_step
 from adaptive.models import smollm2_gguf_path
 from adaptive.pair import load_pair
 from adaptive.workload import chat_ids, load_prompts

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, load_pair
+from adaptive.engines import ENGINES, use_engine
 from adaptive.generation import GenerationResult
-from adaptive.lean import ENGINES, use_engine
 from adaptive.models import cache_root, smollm2_gguf_path
 from adaptive.profiling import hardware_description
 from adaptive.workload import LANGUAGES

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from adaptive.lean import ENGINES
+from adaptive.engines import ENGINES
 from adaptive.observation import VERSIONS
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
@@ -167,7 +167,7 @@ class ExperimentConfig:
     natively, else float32), float32, bfloat16 or float16"""
     engine: str = "eager"
     """the target's forward for live decoding and measured profiles: eager (transformers), lean, lean-int8, lean-int4,
-    compiled, compiled-int8 or compiled-int4 (adaptive.lean.ENGINES)"""
+    compiled, compiled-int8 or compiled-int4 (adaptive.engines.ENGINES)"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)

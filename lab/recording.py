@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import SpeculativeDecoder
-from adaptive.lean import engine_of
+from adaptive.engines import engine_of
 from adaptive.pair import ModelPair
 from adaptive.profile import CostProfile
 from adaptive.profiling import hardware_description

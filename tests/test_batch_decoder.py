@@ -18,7 +18,8 @@ from adaptive.batched_model import BatchedCachedModel
 from adaptive.cached_model import CachedModel
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession, target_taps
-from adaptive.lean import make_lean, use_engine
+from adaptive.engines import use_engine
+from adaptive.lean import make_lean
 from adaptive.policy import BatchDraftStep, BatchState, asks_each_step
 from adaptive.profiling import profile_batches
 from adaptive.sampling import SamplingConfig

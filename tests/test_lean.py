@@ -14,7 +14,9 @@ from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession
-from adaptive.lean import GROUP, LeanCache, LeanLinear, LeanLlama, drafting_head, make_lean, open_cache, use_engine
+from adaptive.engines import use_engine
+from adaptive.lean import GROUP, LeanCache, LeanLinear, LeanLlama, make_lean, open_cache
+from adaptive.lean_head import drafting_head
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from policies import StaticDepth

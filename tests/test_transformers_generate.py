@@ -11,8 +11,8 @@ from test_decoder_exactness import N_SAMPLES, PROMPT, deviation_statistics
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from adaptive.decoder import generate_plain
+from adaptive.engines import use_engine
 from adaptive.integrations.transformers import generate as adaptive_generate
-from adaptive.lean import use_engine
 from adaptive.verification import naive_correction, residual_correction
 from lab.config import config_from_dict
 from lab.training import train

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from adaptive.engines import ENGINES, use_engine
 from adaptive.generation import GenerationResult
-from adaptive.lean import ENGINES, use_engine
 from adaptive.pair import COPY, PAIRS, ModelPair, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
@@ -47,7 +47,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_argument(parser: argparse.ArgumentParser) -> None:
-    """--engine: the forward every decoder of the command runs (:data:`adaptive.lean.ENGINES`)."""
+    """--engine: the forward every decoder of the command runs (:data:`adaptive.engines.ENGINES`)."""
     parser.add_argument(
         "--engine",
         default="eager",
