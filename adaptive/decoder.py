@@ -228,6 +228,7 @@ class ChainGeneration(Generation):
             forward_time=drafted.forward_time + target_forward,
             steps=tuple(steps),
             source=self.source,
+            target_forward_time=target_forward,
         )
         self._begin_round()
         return stats

@@ -84,7 +84,8 @@ class RoundStats:
 
     Times are wall-clock seconds. ``draft_time`` covers the draft forwards, sampling and features,
     ``verify_time`` the target forward, the acceptance test and the cache rollback, ``policy_time`` the
-    policy calls; ``forward_time`` is the part of all that spent inside model forward calls.
+    policy calls; ``forward_time`` is the part of all that spent inside model forward calls, and
+    ``target_forward_time`` the target's verifying forward alone (the profile's ``verify`` prices that).
     """
 
     context_length: int
@@ -100,6 +101,7 @@ class RoundStats:
     steps: tuple[DraftStep, ...] = field(default=())
     source: str = "model"
     """What drafted the round (:data:`SOURCES`)."""
+    target_forward_time: float = 0.0
 
     @property
     def rejected(self) -> bool:

@@ -44,6 +44,13 @@ class CostProfile:
     draft_run_ms: tuple[tuple[float, ...], ...] | None = None
     """draft_run_ms[i][k]: median time of a round's draft step k + 1 at contexts[i], the steps drafted back to back after
     a target forward (profiles measured before 2026-12-06 have none: every step then costs ``draft_ms``)."""
+    catch_up_ms: tuple[tuple[float, ...], ...] | None = None
+    """catch_up_ms[i][n - 1]: median time of a round's first draft step at contexts[i] when the last verification emitted
+    n tokens, which the draft reads first (profiles measured before 2026-12-07 have none: the first step then costs
+    ``draft_run_ms``'s first)."""
+    round_work_ms: dict[str, float] | None = None
+    """The decoder's own work per round outside model forwards, fitted: ``draft_fixed_ms`` + ``draft_token_ms`` per
+    drafted token, ``verify_fixed_ms`` + ``verify_token_ms`` per verified token (older profiles: none, charged 0)."""
     document: dict = field(default_factory=dict, repr=False, compare=False)
     """The JSON document this profile was read from or measured as (empty for one built in code)."""
 
@@ -65,6 +72,8 @@ class CostProfile:
             hardware=dict(document["hardware"]),
             copy_ms=tuple(document["copy_step"][str(c)]["median_ms"] for c in contexts) if "copy_step" in document else None,
             draft_run_ms=tuple(tuple(p["median_ms"] for p in document["draft_run"][str(c)]) for c in contexts) if "draft_run" in document else None,
+            catch_up_ms=tuple(tuple(p["median_ms"] for p in document["draft_catch_up"][str(c)]) for c in contexts) if document.get("draft_catch_up") else None,
+            round_work_ms=dict(document["round_work"]) if "round_work" in document else None,
             document=document,
         )
 
@@ -100,7 +109,8 @@ class CostProfile:
             for n, point in row.items():
                 for key in QUANTILES:
                     point[key] = base + verify_slope * (measured["verify"][ctx][n][key] - base)
-        for point in [*derived["draft_step"].values(), *(p for run in derived.get("draft_run", {}).values() for p in run)]:
+        runs = [*derived.get("draft_run", {}).values(), *derived.get("draft_catch_up", {}).values()]
+        for point in [*derived["draft_step"].values(), *(p for run in runs for p in run)]:
             for key in QUANTILES:
                 point[key] *= draft_scale
         summarise(derived)
@@ -135,14 +145,36 @@ class CostProfile:
         """One draft step at this context length (the mean of a round's first steps where the profile has them)."""
         return self._interpolate(self.draft_ms, context) / 1e3
 
-    def drafting_seconds(self, context: int, steps: int) -> float:
+    def drafting_seconds(self, context: int, steps: int, emitted: int | None = None) -> float:
         """A round's ``steps`` draft steps at this context length, each priced by its position in the round (the
         first after the target's forward the dearest; steps past the measured run at the last one's price); without
-        a measured run, ``steps`` times :meth:`draft_seconds`."""
+        a measured run, ``steps`` times :meth:`draft_seconds`. With ``emitted`` (what the last verification emitted:
+        its accepted tokens + 1) and a profile that times it, the first step is priced as reading those first."""
         if self.draft_run_ms is None:
             return steps * self.draft_seconds(context)
         run = [self._interpolate([row[k] for row in self.draft_run_ms], context) for k in range(len(self.draft_run_ms[0]))]
+        if steps and emitted is not None and self.catch_up_ms is not None:
+            run[0] = self._catch_up_ms(context, emitted)
         return (sum(run[:steps]) + max(0, steps - len(run)) * run[-1]) / 1e3
+
+    def _catch_up_ms(self, context: int, emitted: int) -> float:
+        """The first draft step after a verification that emitted ``emitted`` tokens (past the measured ones: the
+        last measured step's cost per token more for each)."""
+        curve = [self._interpolate([row[n] for row in self.catch_up_ms], context) for n in range(len(self.catch_up_ms[0]))]
+        if emitted <= len(curve):
+            return curve[max(1, emitted) - 1]
+        slope = max(0.0, curve[-1] - curve[-2]) if len(curve) > 1 else 0.0
+        return curve[-1] + slope * (emitted - len(curve))
+
+    def drafting_work_seconds(self, steps: int) -> float:
+        """The decoder's own work while drafting ``steps`` tokens, outside the draft's forwards (0 if not measured)."""
+        work = self.round_work_ms
+        return 0.0 if work is None else (work["draft_fixed_ms"] + steps * work["draft_token_ms"]) / 1e3
+
+    def verifying_work_seconds(self, size: int) -> float:
+        """The decoder's own work in verifying ``size`` tokens, outside the target's forward (0 if not measured)."""
+        work = self.round_work_ms
+        return 0.0 if work is None else (work["verify_fixed_ms"] + size * work["verify_token_ms"]) / 1e3
 
     def copy_seconds(self, context: int) -> float:
         """One copy-drafter step at this context length."""

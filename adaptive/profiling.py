@@ -17,10 +17,12 @@ from adaptive.batch_profile import FORMAT as BATCH_PROFILE_FORMAT
 from adaptive.batched_head import batched_sessions
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
+from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.engines import engine_of
 from adaptive.generation import Clock
 from adaptive.lean import open_cache
+from adaptive.policy import BasePolicy, DraftState, RoundStats
 from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
 from adaptive.tree import attention_mask
@@ -32,6 +34,13 @@ DRAFT_RUN = 4
 the target's forward runs slower than the rest (the default head on the compiled-int4 engine: 0.97 ms, then 0.49, 0.36,
 0.33). The profile keeps each position's time (``draft_run``: replay charges a round's steps by position) and their
 mean as the draft step (``c``); timing one step alone overstated c by two."""
+CATCH_UP = 8
+"""A round's first draft step first reads what the last verification emitted (its accepted tokens and the target's
+next one, n = accepted + 1; a head reads the target's states at them, in one batch) and drafts from the last: the
+profile times that step for n = 1..CATCH_UP, each right after a target forward of n tokens (``draft_catch_up``);
+replay charges it by the last round's acceptance."""
+ROUND_WORK_TOKENS = 96
+"""Tokens of the short decode that measures the decoder's own work per round (``round_work``)."""
 SAME_MACHINE_KEYS = ("processor", "matrix_flags", "cpu_count", "torch_threads", "torch", "device", "gpu")
 """The entries of :func:`hardware_description` that must agree for timings to carry from one machine to another
 (torch included: its kernels are part of the speed)."""
@@ -119,6 +128,63 @@ def _timed_draft_run(session: CachedModel | HeadSession, tokens: list[int], cloc
     return seconds
 
 
+def _catch_up_session(target, draft, context: list[int]) -> CachedModel | HeadSession:
+    """The draft's session with all of ``context`` read, on a target that has read it too: rolled back by n and fed the
+    last n tokens, it reads them as a round's first step does after a verification that emitted n."""
+    reading = open_cache(target, target_taps(draft))
+    if reading.taps:
+        reading.forward(context)
+    session = draft_session(draft, reading)
+    session.forward(context)
+    return session
+
+
+def _timed_catch_up(session: CachedModel | HeadSession, context: list[int], n: int, clock: Clock) -> float:
+    """Seconds of a round's first draft step after a verification that emitted the last ``n`` tokens of ``context``."""
+    session.rollback(len(context) - n)
+    start = clock()
+    session.forward(context[-n:])
+    return clock() - start
+
+
+class _CyclingDepths(BasePolicy):
+    """Drafts 1, 2, .., max_depth tokens in turn, reading the draft's features at every step (as learned policies
+    and ``confidence`` do: the dearer of the decoder's two ways)."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.name, self.max_depth, self.round = "cycling", max_depth, 0
+
+    def reset(self) -> None:
+        self.round = 0
+
+    def should_continue(self, state: DraftState) -> bool:
+        return state.depth < 1 + self.round % self.max_depth
+
+    def observe(self, stats: RoundStats) -> None:
+        self.round += 1
+
+
+def _fit_line(xs: list[int], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ys over xs (slope 0 where xs do not vary), neither below 0."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread) if spread else 0.0
+    return max(0.0, mean_y - slope * mean_x), slope
+
+
+def round_work(target, draft, context: list[int], max_depth: int, repetitions: int) -> dict[str, float]:
+    """The chain decoder's own work per round, outside model forwards (the draft's features and sampling, the policy's
+    state, acceptance, rollback, emitting), from a short greedy decode after ``context`` drafting every depth up to
+    ``max_depth`` in turn: drafting's part fitted as fixed + per drafted token, verification's as fixed + per
+    verified token, in ms."""
+    decoder = SpeculativeDecoder(target, draft, _CyclingDepths(max_depth), max_depth=max_depth)
+    rounds = [r for _ in range(repetitions) for r in decoder.generate(context, ROUND_WORK_TOKENS).rounds[1:]]  # round 1 follows the prefill
+    drafting = _fit_line([r.drafted for r in rounds], [(r.draft_time - r.forward_time + r.target_forward_time) * 1e3 for r in rounds])
+    verifying = _fit_line([r.verified for r in rounds], [(r.verify_time - r.target_forward_time) * 1e3 for r in rounds])
+    fitted = {"draft_fixed_ms": drafting[0], "draft_token_ms": drafting[1], "verify_fixed_ms": verifying[0], "verify_token_ms": verifying[1]}
+    return {**fitted, "rounds": len(rounds)}
+
+
 def profile_pair(
     target,
     draft,
@@ -153,7 +219,8 @@ def profile_pair(
         "verify_mask": "tree" if tree_mask else "causal",
         "order": "interleaved",
     }
-    result["draft_step"], result["draft_run"], result["verify"], result["copy_step"] = {}, {}, {}, {}
+    result["draft_step"], result["draft_run"], result["draft_catch_up"], result["verify"], result["copy_step"] = {}, {}, {}, {}, {}
+    catch_ups = range(1, min(CATCH_UP, max_verify) + 1)
     with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:
             context = torch.randint(0, vocab, (ctx,), generator=generator).tolist()
@@ -161,23 +228,33 @@ def profile_pair(
             target_cache.reset()
             target_cache.forward(context)
             draft_cache = _draft_after(target, draft, context)
+            catch_up = _catch_up_session(target, draft, context)
             copy_session = draft_session(CopyDraft(), target_cache)
             copy_session.forward(context)
             draft_tokens = new[:DRAFT_RUN]  # as many as max_verify allows
             points = [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)] + [(copy_session, new[:1], False)]
             times: list[list[float]] = [[] for _ in points]
             run: list[list[float]] = [[] for _ in draft_tokens]
+            caught: list[list[float]] = [[] for _ in catch_ups]
             for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
                 steps = _timed_draft_run(draft_cache, draft_tokens, clock)  # after the previous sweep's target forwards
-                seconds = [_timed_call(model, tokens, clock, masked) for model, tokens, masked in points]
+                seconds, reads = [], []
+                for model, tokens, masked in points:
+                    seconds.append(_timed_call(model, tokens, clock, masked))
+                    if model is target_cache and len(tokens) in catch_ups:  # the draft's first step after this verification
+                        reads.append(_timed_catch_up(catch_up, context, len(tokens), clock))
                 if sweep:
-                    for timed, measured in zip([*run, *times], [*steps, *seconds]):
+                    for timed, measured in zip([*run, *times, *caught], [*steps, *seconds, *reads]):
                         timed.append(measured)
                 progress.update()
             result["draft_step"][str(ctx)] = _summary([statistics.mean(sweep) for sweep in zip(*run)])
             result["draft_run"][str(ctx)] = [_summary(position) for position in run]
+            result["draft_catch_up"][str(ctx)] = [_summary(point) for point in caught]
             result["copy_step"][str(ctx)] = _summary(times[-1])
             result["verify"][str(ctx)] = {str(n): _summary(times[n - 1]) for n in range(1, max_verify + 1)}
+    if max_verify >= 2:
+        context = torch.randint(0, vocab, (reference_context,), generator=generator).tolist()
+        result["round_work"] = round_work(target, draft, context, min(max_verify - 1, CATCH_UP), repetitions=2)
     summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")

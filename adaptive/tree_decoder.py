@@ -117,7 +117,8 @@ class TreeGeneration(Generation):
         mask = attention_mask(cached, prefixes, ancestors, target.dtype, target.device)
         t1 = clock()
         logits = target.forward_masked(pending + [tree.nodes[i].token for i in selected], positions, mask)[len(pending) - 1 :]
-        forward_time = self._forward_time + clock() - t1
+        target_forward = clock() - t1
+        forward_time = self._forward_time + target_forward
         check_logits(logits)
         choices = arg_max(logits).tolist()
         path = accept_greedy(tree, selected, choices[0], choices[1:])
@@ -140,6 +141,7 @@ class TreeGeneration(Generation):
             policy_time=policy_time,
             forward_time=forward_time,
             steps=tuple(self._steps),
+            target_forward_time=target_forward,
         )
         self._begin_round()
         return stats

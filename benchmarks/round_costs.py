@@ -9,8 +9,16 @@ decisions, its per-step draft features, the draft catching up on a longer accept
 rule drafting those depths in turn (does mixing depths cost anything?), ``--with-features`` a copy of each static
 depth that reads the draft's features at every step, as a learned policy does (what do they cost?).
 
+With ``--profile PATH|auto`` (``auto``: measured first, on this machine and engine, as ``adaptive train`` does) it
+also prices every live round as replay does (the profile's draft run at the round's context and depth, its
+verification of the round's size) and splits what live costs beyond that into four parts: the draft's forwards
+against the profile's draft steps, the drafting round's own work outside them (features, sampling, the policy's
+state), the target's verifying forward against the profile's, and the verification's own work (acceptance,
+rollback, emitting). That is where replay's modelled time parts from live.
+
 Run: .venv/bin/python benchmarks/round_costs.py --policy benchmarks/kept-policies/quickstart --depths 3,8 [--per-language 2] [--repeats 2]
      .venv/bin/python benchmarks/round_costs.py --policy static:5 --depths 2,5,8 --cycle 2,8 --with-features
+     .venv/bin/python benchmarks/round_costs.py --engine compiled-int4 --policy confidence --depths 1,3,5 --profile auto
 """
 
 from __future__ import annotations
@@ -21,10 +29,14 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from adaptive import SpeculativeDecoder, load_pair
+from adaptive.engines import ENGINES
 from adaptive.policy import BasePolicy, DraftPolicy, DraftState, RoundStats
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
+from adaptive.profile import CostProfile
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.background import live_measurement
+from lab.environments import quick_profile
 from lab.live_protocol import rotation
 from policies import make_policy
 from policies.baselines import StaticDepth
@@ -56,9 +68,9 @@ class FeaturedStaticDepth(StaticDepth):
 
 def measure(pair, makers: dict[str, Callable[[], DraftPolicy]], prompts: list[list[int]], new_tokens: int, repeats: int, max_depth: int) -> dict[str, dict]:
     """Per configuration: wall seconds, tokens, rounds, drafted tokens, and per drafted depth the rounds'
-    (draft ms, verify ms, policy ms, context, accepted)."""
+    (draft ms, verify ms, policy ms, context, accepted), and every generation's rounds (``generations``)."""
     names = list(makers)
-    found = {name: {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "by_depth": defaultdict(list)} for name in names}
+    found = {name: {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "by_depth": defaultdict(list), "generations": []} for name in names}
     SpeculativeDecoder(pair.target, pair.draft, makers[names[0]](), max_depth=max_depth).generate(prompts[0], 8)  # warm-up
     for repeat in range(repeats):
         for index, ids in enumerate(prompts):
@@ -68,6 +80,7 @@ def measure(pair, makers: dict[str, Callable[[], DraftPolicy]], prompts: list[li
                 entry["wall"] += result.total_time
                 entry["tokens"] += len(result.token_ids)
                 entry["rounds"] += len(result.rounds)
+                entry["generations"].append(result.rounds)
                 for r in result.rounds:
                     entry["drafted"] += r.drafted
                     entry["by_depth"][r.drafted].append((r.draft_time * 1e3, r.verify_time * 1e3, r.policy_time * 1e3, r.context_length, r.accepted))
@@ -97,6 +110,42 @@ def report(found: dict[str, dict], depths: list[int]) -> list[str]:
     return lines
 
 
+PARTS = ("draft forwards", "draft's own work", "target forward", "verification's own work")
+
+
+def against_profile(generations: list[list[RoundStats]], profile: CostProfile) -> dict[str, float]:
+    """Live seconds of the generations' rounds (draft + verify, the policy apart) and replay's price of the same
+    rounds, with live's four parts beside the profile's two (draft forwards and own work against the profile's draft
+    run; the target's forward and the verification's own work against its verification)."""
+    live = {part: 0.0 for part in PARTS}
+    modelled_draft = modelled_verify = 0.0
+    for r, emitted in ((r, rounds[i - 1].emitted if i else None) for rounds in generations for i, r in enumerate(rounds)):
+        draft_forwards = r.forward_time - r.target_forward_time
+        live["draft forwards"] += draft_forwards
+        live["draft's own work"] += r.draft_time - draft_forwards
+        live["target forward"] += r.target_forward_time
+        live["verification's own work"] += r.verify_time - r.target_forward_time
+        modelled_draft += profile.drafting_seconds(r.context_length, r.drafted, emitted) + profile.drafting_work_seconds(r.drafted)
+        modelled_verify += profile.verify_seconds(r.context_length, r.verified) + profile.verifying_work_seconds(r.verified)
+    return {**live, "modelled draft": modelled_draft, "modelled verify": modelled_verify}
+
+
+def profile_lines(found: dict[str, dict], profile: CostProfile) -> list[str]:
+    """Per configuration: replay's price of its live rounds against their live time, and live's four parts."""
+    lines = ["replay's price of the live rounds (ms per round; error = replay / live - 1):"]
+    for spec, entry in found.items():
+        rounds = max(1, sum(len(g) for g in entry["generations"]))
+        cost = {key: value * 1e3 / rounds for key, value in against_profile(entry["generations"], profile).items()}
+        live = sum(cost[part] for part in PARTS)
+        modelled = cost["modelled draft"] + cost["modelled verify"]
+        lines.append(
+            f"  {spec}: live {live:.2f}, replay {modelled:.2f} ({modelled / live - 1:+.1%}); draft forwards {cost['draft forwards']:.2f}"
+            f" + own work {cost[PARTS[1]]:.2f} vs profile {cost['modelled draft']:.2f}; target forward {cost['target forward']:.2f}"
+            f" + own work {cost[PARTS[3]]:.2f} vs profile {cost['modelled verify']:.2f}"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", required=True, help="a policy spec or a learned policy folder")
@@ -106,13 +155,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--max-depth", type=int, default=8)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
+    parser.add_argument("--engine", default="eager", choices=list(ENGINES))
+    parser.add_argument("--profile", help="a cost profile to price the live rounds with, or auto (measured first, here)")
     parser.add_argument("--cycle", help="also a rule drafting these depths in turn, e.g. 2,8")
     parser.add_argument("--with-features", action="store_true", help="also each static depth reading the draft's features at every step")
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     if not all(1 <= d <= args.max_depth for d in depths):
         raise SystemExit(f"--depths must lie in 1..{args.max_depth} (--max-depth), got {args.depths}")
-    pair = load_pair("smollm2-135m", args.dtype)
+    pair = load_pair("smollm2-135m", args.dtype, engine=args.engine)
     prompts = [chat_ids(pair.tokenizer, p["prompt"]) for lang in LANGUAGES for p in load_prompts("val", lang=lang)[: args.per_language]]
     makers: dict[str, Callable[[], DraftPolicy]] = {args.policy: lambda: make_policy(args.policy)}
     for depth in depths:
@@ -124,8 +175,18 @@ def main() -> None:
         if not all(1 <= d <= args.max_depth for d in cycle):
             raise SystemExit(f"--cycle depths must lie in 1..{args.max_depth}, got {args.cycle}")
         makers[f"cycle:{args.cycle}"] = lambda: CycleDepths(cycle)
-    print(f"default pair at {args.dtype}, greedy, {len(prompts)} val prompts x {args.new_tokens} tokens, {args.repeats} repeats in rotating order")
-    print("\n".join(report(measure(pair, makers, prompts, args.new_tokens, args.repeats, args.max_depth), depths)))
+    with live_measurement():  # background data work waits meanwhile
+        profile = None
+        if args.profile:
+            profile = quick_profile(pair, args.max_depth + 1) if args.profile == "auto" else CostProfile.load(args.profile)
+        found = measure(pair, makers, prompts, args.new_tokens, args.repeats, args.max_depth)
+    print(
+        f"default pair at {args.dtype} on {args.engine}, greedy, {len(prompts)} val prompts x {args.new_tokens} tokens,"
+        f" {args.repeats} repeats in rotating order" + (f"; profile {args.profile} (measured {profile.document.get('measured_at')})" if profile else "")
+    )
+    print("\n".join(report(found, depths)))
+    if profile is not None:
+        print("\n".join(profile_lines(found, profile)))
 
 
 if __name__ == "__main__":

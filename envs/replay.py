@@ -92,7 +92,8 @@ class TraceReplay(Backend):
         depth = self._depth
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
-        draft_seconds = self.profile.drafting_seconds(context, depth - copy_steps)
+        last_emitted = self._recent[-1] + 1 if self._recent else None  # what the draft reads before its first step
+        draft_seconds = self.profile.drafting_seconds(context, depth - copy_steps, last_emitted) + self.profile.drafting_work_seconds(depth)
         if copy_forwards:
             draft_seconds += copy_forwards * self.profile.copy_seconds(context)
         cycle = Cycle(
@@ -101,7 +102,7 @@ class TraceReplay(Backend):
             accepted=accepted,
             emitted=emitted,
             draft_seconds=draft_seconds,
-            verify_seconds=self.profile.verify_seconds(context, size),
+            verify_seconds=self.profile.verify_seconds(context, size) + self.profile.verifying_work_seconds(size),
         )
         self._t += emitted
         self._depth = 0

@@ -139,6 +139,23 @@ def test_replay_prices_each_round_s_draft_steps_by_their_position(traces):
     assert any(cycle.drafted == 3 for episode in run_policy(ReplayBackend(traces, profile), make_policy("static:3"), range(1)) for cycle in episode.cycles)
 
 
+def test_replay_prices_a_round_s_first_step_by_what_the_last_round_emitted_and_charges_the_decoder_s_own_work(traces):
+    """With a measured catch-up (the first draft step after a verification that emitted n tokens: 1 + n ms) and the
+    decoder's own work (drafting 0.2 + 0.1 per token, verifying 0.3 + 0.05 per token, ms), every replayed round after
+    the first is charged exactly that; the first, which follows the prefill, the run's first step."""
+    work = {"draft_fixed_ms": 0.2, "draft_token_ms": 0.1, "verify_fixed_ms": 0.3, "verify_token_ms": 0.05}
+    profile = replace(flat_profile(), draft_run_ms=((3.0, 0.5, 0.5, 0.5),), catch_up_ms=(tuple(1.0 + n for n in range(1, 9)),), round_work_ms=work)
+    base = flat_profile()
+    for episode in run_policy(ReplayBackend(traces, profile), make_policy("static:3"), range(len(PROMPTS))):
+        for i, cycle in enumerate(episode.cycles):
+            last = episode.cycles[i - 1].accepted + 1 if i else None
+            forwards = (3.0 if last is None else 1.0 + last) + 0.5 * (cycle.drafted - 1) if cycle.drafted else 0.0
+            assert cycle.draft_seconds == pytest.approx((forwards + 0.2 + 0.1 * cycle.drafted) * 1e-3)
+            verify = base.verify_seconds(0, cycle.verified) + (0.3 + 0.05 * cycle.verified) * 1e-3
+            assert cycle.verify_seconds == pytest.approx(verify)
+    assert profile.drafting_seconds(0, 1, 12) == pytest.approx(13e-3)  # past the measured 8: 1 ms more per token
+
+
 def test_synthetic_env_with_constant_alpha_finds_the_cost_model_optimum():
     alpha, c = 0.8, 0.3  # S(2) = 1.525, S(3) = 1.554, S(4) = 1.527: the optimum leads by 1.8 %
     speeds = {}

@@ -6,7 +6,7 @@ import pytest
 
 from adaptive.costmodel import optimal_gamma
 from adaptive.profile import CostProfile
-from adaptive.profiling import DRAFT_RUN, hardware_description, hardware_differences, profile_pair
+from adaptive.profiling import CATCH_UP, DRAFT_RUN, hardware_description, hardware_differences, profile_pair
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,25 @@ def test_the_draft_run_keeps_each_step_and_replay_prices_a_round_by_position(pro
     assert priced.drafting_seconds(32, 6) == pytest.approx(6.5e-3)
     without = CostProfile.from_dict({key: value for key, value in profile.items() if key != "draft_run"})
     assert without.drafting_seconds(32, 3) == pytest.approx(3 * without.draft_seconds(32))
+
+
+def test_the_profile_times_the_draft_s_first_step_after_each_verification_and_the_decoder_s_own_work(profile, measured):
+    """A round's first draft step reads what the last verification emitted: the profile times it after each target
+    forward of n = 1..min(CATCH_UP, max_verify) tokens; the decoder's own work per round is fitted from a short decode
+    (fixed + per token, none below 0); a profile without either prices as before (first step from the run, no work)."""
+    for ctx in ("8", "32"):
+        points = profile["draft_catch_up"][ctx]
+        assert len(points) == min(CATCH_UP, 6) and all(0 < p["p25_ms"] <= p["median_ms"] <= p["p75_ms"] for p in points)
+    work = profile["round_work"]
+    assert work["rounds"] > 10 and min(work[key] for key in work if key.endswith("_ms")) >= 0
+    assert measured.drafting_work_seconds(1) + measured.verifying_work_seconds(1) > 0
+    first = profile["draft_catch_up"]["32"][2]["median_ms"]
+    assert measured.drafting_seconds(32, 2, 3) == pytest.approx((first + profile["draft_run"]["32"][1]["median_ms"]) / 1e3)
+    assert measured.drafting_work_seconds(4) == pytest.approx((work["draft_fixed_ms"] + 4 * work["draft_token_ms"]) / 1e3)
+    assert measured.verifying_work_seconds(4) == pytest.approx((work["verify_fixed_ms"] + 4 * work["verify_token_ms"]) / 1e3)
+    older = CostProfile.from_dict({key: value for key, value in profile.items() if key not in ("draft_catch_up", "round_work")})
+    assert older.drafting_seconds(32, 2, 3) == older.drafting_seconds(32, 2) == pytest.approx(measured.drafting_seconds(32, 2))
+    assert older.drafting_work_seconds(4) == older.verifying_work_seconds(4) == 0.0
 
 
 def test_c_and_g_are_ratios_of_the_reference_timings(profile):

@@ -137,6 +137,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(format_table(["gamma", "tokens verified", "verify ms", "IQR ms", "g(gamma)"], rows))
     by_context = [[ctx, f"{document['draft_step'][str(ctx)]['median_ms']:.2f}", f"{document['verify'][str(ctx)]['1']['median_ms']:.2f}"] for ctx in contexts]
     print(format_table(["context", "draft step ms", "target step ms"], by_context))
+    catch_up = document.get("draft_catch_up", {}).get(str(args.reference_context), [])
+    if catch_up:
+        steps = ", ".join(f"n={n} {p['median_ms']:.2f}" for n, p in enumerate(catch_up, 1))
+        print(f"a round's first draft step after a verification that emitted n tokens, ms: {steps}")
+    if "round_work" in document:
+        work = document["round_work"]
+        print(
+            f"the decoder's own work per round (outside forwards, {work['rounds']} rounds fitted): drafting {work['draft_fixed_ms']:.3f} + "
+            f"{work['draft_token_ms']:.3f}/token ms, verifying {work['verify_fixed_ms']:.3f} + {work['verify_token_ms']:.3f}/token ms"
+        )
     print(f"c = {profile.c:.4f}   profile written to {args.out}")
     return 0
 
