@@ -91,6 +91,7 @@ def candidates(
         "heuristic": lambda: make_policy("heuristic"),
         "confidence:0.4": lambda: make_policy("confidence:0.4"),
         "entropy:2": lambda: make_policy("entropy:2.0"),
+        "specdec:0.7": lambda: make_policy("specdec:0.7"),
     }
     for path in learned:
         policy = load_policy(path, pair=config.pair)  # stateless between generations: one instance serves all

@@ -1,5 +1,6 @@
 """Evaluation plots (PNG): speedup per policy and language; throughput against static depth with the cost
-model's curve over it; accepted-length histograms; what the learned policy chose against what it saw."""
+model's curve over it; accepted-length histograms; what the learned policy chose against what it saw; the
+acceptance predictor's reliability diagram."""
 
 from __future__ import annotations
 
@@ -181,6 +182,31 @@ def plot_sweep(comparison: dict, path: Path) -> None:
     axis.set_xticks(range(len(rows)), [row["run"] for row in rows], rotation=30, ha="right", fontsize=7)
     axis.set(ylabel="replay speedup over plain decoding", title="sweep: learned vs best static depth per run [95 % interval]")
     axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_calibration(result: dict, path: Path) -> None:
+    """Reliability diagram of the acceptance predictor and of the draft's top-1 probability read as P(accepted)
+    (:func:`lab.acceptance.calibration`): mean predicted against observed acceptance per bin, sized by count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axis = plt.subplots(figsize=(5.2, 5.0))
+    axis.plot([0, 1], [0, 1], color="black", linewidth=0.8, label="perfect calibration")
+    total = result["examples"]
+    for key, label in (("predictor", "acceptance predictor"), ("top1", "draft top-1 probability")):
+        bins = result[key]["bins"]
+        sizes = [max(8.0, 400.0 * b["count"] / total) for b in bins]
+        axis.plot([b["predicted"] for b in bins], [b["observed"] for b in bins], marker="o", label=f"{label} (ECE {result[key]['ece']:.3f})")
+        axis.scatter([b["predicted"] for b in bins], [b["observed"] for b in bins], s=sizes, alpha=0.3)
+    axis.set(xlabel="predicted P(accepted)", ylabel="observed acceptance", title="acceptance of a drafted token (held-out traces)", xlim=(0, 1), ylim=(0, 1))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -1,4 +1,4 @@
-"""Policies by spec string, e.g. ``static:4``, ``heuristic``, ``confidence:0.4``, ``entropy:2.0``, ``suffix``, ``costmodel``."""
+"""Policies by spec string, e.g. ``static:4``, ``heuristic``, ``confidence:0.4``, ``entropy:2.0``, ``specdec:0.7``, ``suffix``, ``costmodel``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 from adaptive.learned_policy import load_policy
 from adaptive.policy import DraftPolicy
+from policies.acceptance import SpecDecStop
 from policies.baselines import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth, SuffixRule
 
 POLICY_SPECS: dict[str, tuple[Callable[[str | None], DraftPolicy], str]] = {
@@ -25,6 +26,10 @@ POLICY_SPECS: dict[str, tuple[Callable[[str | None], DraftPolicy], str]] = {
     "entropy": (
         lambda arg: EntropyStop(float(arg) if arg else 2.0),
         "entropy[:H] — stop when the draft's entropy > H nats (default 2.0)",
+    ),
+    "specdec": (
+        lambda arg: SpecDecStop(float(arg) if arg else 0.7),
+        "specdec[:H] — SpecDec++'s rule: stop when the shipped acceptance predictor says P(some drafted token is rejected) > H (default 0.7)",
     ),
     "suffix": (
         lambda arg: SuffixRule(float(arg) if arg else 1.0),

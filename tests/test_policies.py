@@ -9,6 +9,7 @@ import pytest
 from adaptive.costmodel import optimal_gamma
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
 from policies import ConfidenceStop, CostModelPolicy, EntropyStop, HeuristicSchedule, StaticDepth, make_policy
+from policies.acceptance import SpecDecStop
 
 
 def state(*probs: float, entropy: float = 1.0) -> DraftState:
@@ -31,6 +32,8 @@ def round_stats(drafted: int, accepted: int, draft_time: float = 0.001, verify_t
         ("confidence", ConfidenceStop, "confidence:0.4"),
         ("confidence:0.6", ConfidenceStop, "confidence:0.6"),
         ("entropy:2", EntropyStop, "entropy:2"),
+        ("specdec", SpecDecStop, "specdec:0.7"),
+        ("specdec:0.5", SpecDecStop, "specdec:0.5"),
         ("costmodel", CostModelPolicy, "costmodel"),
         ("costmodel:0.05", CostModelPolicy, "costmodel:0.05"),
     ],

@@ -1,4 +1,4 @@
-"""Commands that measure or make data: ``profile``, ``record``, ``distill``."""
+"""Commands that measure or make data: ``profile``, ``record``, ``fit-acceptance``, ``distill``."""
 
 from __future__ import annotations
 
@@ -23,16 +23,20 @@ from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS, load_prompts
+from envs.factory import DEFAULT_PROFILE, default_traces
+from lab.acceptance import calibration, fit_predictor, sweep_thresholds
 from lab.chat_prompts import diversity, write_chat_prompts
 from lab.cli.common import add_engine_argument, add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import CHAT_POOL, CHAT_TEST, POOL, SHARDS, generate_shards, load_target_for_generation
 from lab.distill_eagle3 import Eagle3Kind
 from lab.draft_training import TrainingConfig, train_draft, workload_sequences
+from lab.plots import plot_calibration
 from lab.recording import TRACES, record_chains, record_chains_sharded, record_tree_traces, select_prompts
 from lab.report import format_table
 from lab.runs import check_output_file
 from lab.scale import wants_ray
+from policies.acceptance import SHIPPED
 
 TASK_GROUPS = {"copy-heavy": COPY_TASKS, "all": TASKS}
 """Names for several task types at once (their prompts take turns within each language)."""
@@ -148,6 +152,50 @@ def cmd_profile(args: argparse.Namespace) -> int:
             f"{work['draft_token_ms']:.3f}/token ms, verifying {work['verify_fixed_ms']:.3f} + {work['verify_token_ms']:.3f}/token ms"
         )
     print(f"c = {profile.c:.4f}   profile written to {args.out}")
+    return 0
+
+
+def _trace_file(name: str) -> Path:
+    """A shipped split's chain traces by name (train, val), or a trace file."""
+    return Path(name) if name.endswith(".npz") else default_traces(name)
+
+
+def cmd_fit_acceptance(args: argparse.Namespace) -> int:
+    """Fit the acceptance predictor on training traces, check its calibration on held-out ones, and price SpecDec++'s
+    rule over a grid of thresholds in replay on the training side (train and val; test chooses nothing)."""
+    if not 1 <= args.max_depth <= 16:
+        raise SystemExit(f"--max-depth must lie in 1..16, got {args.max_depth}")
+    thresholds = [float(h) for h in args.thresholds.split(",")]
+    if not all(0 < h < 1 for h in thresholds):
+        raise SystemExit(f"--thresholds must lie in (0, 1), got {args.thresholds}")
+    loaded = {name: TraceSet.load(_trace_file(name)) for name in dict.fromkeys([*args.traces, *args.tune, args.check])}
+    fitting = {name: loaded[name] for name in args.traces}
+    tuning = {name: loaded[name] for name in args.tune}
+    checking = loaded[args.check]
+    predictor = fit_predictor(list(fitting.values()), args.max_depth)
+    predictor.save(args.out)
+    checked = calibration(predictor, checking, args.max_depth)
+    profile = CostProfile.load(args.profile)
+    speeds = sweep_thresholds(tuning, profile, predictor, thresholds, args.max_depth, args.decision_seconds)
+    fitted = predictor.metadata
+    print(f"predictor fitted on {', '.join(args.traces)} ({fitted['examples']:,} drafted steps, {fitted['accepted']:.3f} accepted) -> {args.out}")
+    rows = [[key, f"{checked[key]['brier']:.4f}", f"{checked[key]['log_loss']:.4f}", f"{checked[key]['ece']:.4f}"] for key in ("predictor", "top1")]
+    print(f"calibration on {args.check} ({checked['examples']:,} drafted steps):")
+    print(format_table(["P(accepted) from", "Brier", "log-loss", "ECE"], rows))
+    best = max((name for name in speeds if name.startswith("specdec")), key=lambda name: speeds[name]["all"])
+    reference = speeds["confidence:0.4"]["all"]
+    table = [[name, *(f"{speeds[name][split]:.1f}" for split in [*tuning, "all"]), f"{speeds[name]['all'] / reference:.3f}"] for name in speeds]
+    print(f"replay, tokens per modelled second (profile {args.profile}):")
+    print(format_table(["policy", *tuning, "all", "/ confidence:0.4"], table))
+    print(f"best threshold on {', '.join(args.tune)}: {best}")
+    if args.report:
+        report = Path(args.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        document = {"predictor": str(args.out), "traces": args.traces, "tune": args.tune, "check": args.check}
+        document |= {"calibration": checked, "replay": speeds, "best": best}
+        report.with_suffix(".json").write_text(json.dumps(document | {"profile": str(args.profile), "max_depth": args.max_depth}, indent=1))
+        plot_calibration(checked, report.with_suffix(".png"))
+        print(f"report: {report.with_suffix('.json')}, reliability diagram: {report.with_suffix('.png')}")
     return 0
 
 
@@ -326,6 +374,18 @@ def register(commands) -> None:
     )
     prof.add_argument("--speed-tolerance", type=float, default=0.25, help="relative difference --speed allows (default 0.25)")
     prof.set_defaults(func=cmd_profile)
+
+    fit = commands.add_parser("fit-acceptance", help="fit the acceptance predictor (SpecDec++) on traces; calibration and the rule's thresholds in replay")
+    fit.add_argument("--traces", nargs="+", default=["train"], help="traces to fit on: shipped split names or .npz files (default train)")
+    fit.add_argument("--check", default="val", help="held-out traces for the calibration check (default val)")
+    fit.add_argument("--tune", nargs="+", default=["train", "val"], help="traces the thresholds are priced on in replay (default train val; never test)")
+    fit.add_argument("--max-depth", type=int, default=8, help="drafted steps per position used (default 8)")
+    fit.add_argument("--profile", default=str(DEFAULT_PROFILE), help="cost profile replay prices the thresholds with")
+    fit.add_argument("--thresholds", default="0.3,0.5,0.6,0.7,0.8,0.9", help="SpecDec++ rejection thresholds to price")
+    fit.add_argument("--decision-seconds", type=float, default=1e-4, help="charged per decision of the rule in replay (it reads the draft's features)")
+    fit.add_argument("--out", default=str(SHIPPED), help="predictor JSON (default: the one specdec uses)")
+    fit.add_argument("--report", help="also write REPORT.json (calibration, replay) and REPORT.png (reliability diagram)")
+    fit.set_defaults(func=cmd_fit_acceptance)
 
     rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
     add_pair_arguments(rec)
