@@ -10,7 +10,7 @@ from adaptive import SamplingConfig, SpeculativeDecoder, generate_plain
 from adaptive.cached_model import CachedModel
 from policies import POLICY_SPECS, StaticDepth, make_policy
 
-SPECS = ["static:1", "static:3", "static:8", "heuristic", "confidence", "entropy:1.5", "suffix", "costmodel", "costmodel:0.1"]
+SPECS = ["static:1", "static:3", "static:8", "heuristic", "confidence", "entropy:1.5", "specdec:0.5", "suffix", "costmodel", "costmodel:0.1"]
 PROMPTS = [[5], [1, 2, 3], [7, 7, 7, 7, 7, 7, 7, 7], [15, 0, 9, 4, 2, 11]]
 
 
