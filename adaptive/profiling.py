@@ -95,12 +95,13 @@ def _feed(model: CachedModel, tokens: list[int], tree_mask: bool) -> None:
     model.forward_masked(tokens, range(cached, cached + len(tokens)), mask)
 
 
-def _draft_after(target, draft, context: list[int]) -> CachedModel | HeadSession:
-    """The draft's session after ``context`` as a round finds it: a head on a target that has read all of it
-    but the last token, so that the timed step drafts from the head's own state."""
+def _draft_after(target, draft, context: list[int], target_reads: int) -> CachedModel | HeadSession:
+    """The draft's session after ``context``, on a target that has read its first ``target_reads`` tokens: all but
+    the last, so that a timed step drafts from a head's own state (a round's later steps), or all of it, so that a
+    head rolled back by n reads the last n from the target's states (a round's first step, :func:`_timed_catch_up`)."""
     reading = open_cache(target, target_taps(draft))
     if reading.taps:
-        reading.forward(context[:-1])
+        reading.forward(context[:target_reads])
     session = draft_session(draft, reading)
     session.forward(context)
     return session
@@ -126,17 +127,6 @@ def _timed_draft_run(session: CachedModel | HeadSession, tokens: list[int], cloc
         seconds.append(clock() - start)
     session.rollback(length)
     return seconds
-
-
-def _catch_up_session(target, draft, context: list[int]) -> CachedModel | HeadSession:
-    """The draft's session with all of ``context`` read, on a target that has read it too: rolled back by n and fed the
-    last n tokens, it reads them as a round's first step does after a verification that emitted n."""
-    reading = open_cache(target, target_taps(draft))
-    if reading.taps:
-        reading.forward(context)
-    session = draft_session(draft, reading)
-    session.forward(context)
-    return session
 
 
 def _timed_catch_up(session: CachedModel | HeadSession, context: list[int], n: int, clock: Clock) -> float:
@@ -227,8 +217,8 @@ def profile_pair(
             new = torch.randint(0, vocab, (max_verify,), generator=generator).tolist()
             target_cache.reset()
             target_cache.forward(context)
-            draft_cache = _draft_after(target, draft, context)
-            catch_up = _catch_up_session(target, draft, context)
+            draft_cache = _draft_after(target, draft, context, ctx - 1)
+            catch_up = _draft_after(target, draft, context, ctx)
             copy_session = draft_session(CopyDraft(), target_cache)
             copy_session.forward(context)
             draft_tokens = new[:DRAFT_RUN]  # as many as max_verify allows
