@@ -33,19 +33,19 @@ class CostProfile:
     draft_ms: tuple[float, ...]
     """Median draft step time per context."""
     verify_ms: tuple[tuple[float, ...], ...]
-    """verify_ms[i][n - 1]: median target forward time of n tokens at contexts[i]."""
+    """``verify_ms[i][n - 1]``: median target forward time of n tokens at contexts[i]."""
     c: float
     g: tuple[float, ...]
-    """g[γ]: verification cost of γ drafted tokens (γ + 1 forwarded) relative to one target step."""
+    """``g[γ]``: verification cost of γ drafted tokens (γ + 1 forwarded) relative to one target step."""
     target_step_ms: float
     hardware: dict
     copy_ms: tuple[float, ...] | None = None
     """Median copy-drafter step time per context (profiles measured before it existed have none)."""
     draft_run_ms: tuple[tuple[float, ...], ...] | None = None
-    """draft_run_ms[i][k]: median time of a round's draft step k + 1 at contexts[i], the steps drafted back to back after
+    """``draft_run_ms[i][k]``: median time of a round's draft step k + 1 at contexts[i], the steps drafted back to back after
     a target forward (profiles measured before 2026-12-06 have none: every step then costs ``draft_ms``)."""
     catch_up_ms: tuple[tuple[float, ...], ...] | None = None
-    """catch_up_ms[i][n - 1]: median time of a round's first draft step at contexts[i] when the last verification emitted
+    """``catch_up_ms[i][n - 1]``: median time of a round's first draft step at contexts[i] when the last verification emitted
     n tokens, which the draft reads first (profiles measured before 2026-12-07 have none: the first step then costs
     ``draft_run_ms``'s first)."""
     round_work_ms: dict[str, float] | None = None
@@ -121,6 +121,11 @@ class CostProfile:
     def target_step_seconds(self) -> float:
         """One plain target step at the reference context: the unit every speedup is measured in."""
         return self.target_step_ms / 1e3
+
+    @property
+    def engine(self) -> str:
+        """The forward the profile timed (:data:`adaptive.engines.ENGINES`; eager for profiles that predate engines)."""
+        return self.document.get("engine", "eager")
 
     @property
     def max_verify(self) -> int:

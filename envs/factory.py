@@ -7,6 +7,7 @@ from pathlib import Path
 
 from adaptive.costmodel import GCurve
 from adaptive.decoder import SpeculativeDecoder
+from adaptive.engines import DEFAULT_ENGINE, engine_of
 from adaptive.pair import load_pair
 from adaptive.policy import BasePolicy, DraftPolicy
 from adaptive.precision import DEFAULT_DTYPE
@@ -28,15 +29,25 @@ TREE_PROFILE = ROOT / "profiles" / "smollm2-135m-tree.json"
 TRACES = ROOT / "data" / "traces"
 
 
-def default_traces(split: str = "train", pair: str = "smollm2-135m", tree: bool = False, copy: bool = False) -> Path:
+def engine_suffix(engine: str) -> str:
+    """What a shipped trace file's name ends with for traces recorded on ``engine`` (nothing for eager)."""
+    return "" if engine == "eager" else f"-{engine}"
+
+
+def default_traces(split: str = "train", pair: str = "smollm2-135m", tree: bool = False, copy: bool = False, engine: str = "eager") -> Path:
     """Path of the shipped greedy traces of ``pair`` for ``split`` (``tree``: tree traces; ``copy``: chain
-    traces holding the copy drafter's chains too, every task type); ``adaptive record`` makes more."""
+    traces holding the copy drafter's chains too, every task type), recorded on ``engine`` (a low-bit target
+    accepts differently from eager's); ``adaptive record`` makes more."""
     if tree and copy:
         raise ValueError("copy drafter chains are recorded in chain traces, not tree traces")
-    path = TRACES / f"{pair}-{split}{'-tree' if tree else ''}{'-copy' if copy else ''}.npz"
+    path = TRACES / f"{pair}-{split}{'-tree' if tree else ''}{'-copy' if copy else ''}{engine_suffix(engine)}.npz"
     if not path.is_file():
         shipped = sorted(p.name for p in TRACES.glob("*.npz")) if TRACES.is_dir() else []
-        raise FileNotFoundError(f"no shipped traces for pair {pair!r}, split {split!r} at {path}; shipped: {shipped or 'none'}")
+        record = f"adaptive record --pair {pair} --engine {engine} --split {split}{' --tree K,W,V' if tree else ''}{' --copy' if copy else ''}"
+        raise FileNotFoundError(
+            f"no shipped traces for pair {pair!r}, split {split!r}, engine {engine!r} at {path}; shipped: {shipped or 'none'}. "
+            f"Record them ({record}), or time the run with a profile of the engine the shipped ones were recorded on"
+        )
     return path
 
 
@@ -52,12 +63,13 @@ def make_replay_env(
     schema_version: int | None = None,
 ) -> SpecDecodeEnv:
     """Replay env. ``traces``: a split name of the shipped traces ("train", "val"; with ``copy``, the copy
-    traces), a trace file or a TraceSet; ``copy``: a copy drafter beside the model (the traces must hold its chains)."""
-    if not isinstance(traces, TraceSet):
-        path = Path(traces)
-        traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), copy=copy))
+    traces; those recorded on the profile's engine), a trace file or a TraceSet; ``copy``: a copy drafter beside
+    the model (the traces must hold its chains)."""
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
+    if not isinstance(traces, TraceSet):
+        path = Path(traces)
+        traces = TraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), copy=copy, engine=profile.engine))
     if copy and traces.copy is None:
         raise ValueError("these traces hold no copy-drafter chains; record them with `adaptive record --copy`")
     return SpecDecodeEnv(ReplayBackend(traces, profile, max_depth, copy=copy), decision, partner, decision_seconds, episode, schema_version)
@@ -74,13 +86,13 @@ def make_tree_replay_env(
     episode: str = "cycle",
     schema_version: int | None = None,
 ) -> SpecDecodeEnv:
-    """Tree replay env. ``traces``: a split name of the shipped tree traces, a tree trace file or a TreeTraceSet;
-    ``size``: the verified nodes V when no size policy decides (default: the traces' V)."""
-    if not isinstance(traces, TreeTraceSet):
-        path = Path(traces)
-        traces = TreeTraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), tree=True))
+    """Tree replay env. ``traces``: a split name of the shipped tree traces (those recorded on the profile's engine),
+    a tree trace file or a TreeTraceSet; ``size``: the verified nodes V when no size policy decides (default: the traces' V)."""
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
+    if not isinstance(traces, TreeTraceSet):
+        path = Path(traces)
+        traces = TreeTraceSet.load(path if path.suffix == ".npz" else default_traces(str(traces), tree=True, engine=profile.engine))
     return SpecDecodeEnv(TreeReplayBackend(traces, profile, max_depth, size), decision, partner, decision_seconds, episode, schema_version)
 
 
@@ -116,13 +128,18 @@ def make_live_env(
     episode: str = "cycle",
     dtype: str = DEFAULT_DTYPE,
     schema_version: int | None = None,
-    engine: str = "eager",
+    engine: str = DEFAULT_ENGINE,
 ) -> SpecDecodeEnv:
     """Live env over a named pair (at ``dtype``, its target run through ``engine``) and a workload split
-    (chat-formatted prompts)."""
-    loaded = load_pair(pair, dtype, engine=engine)
-    decoder = SpeculativeDecoder(loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth)
-    prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
+    (chat-formatted prompts); ``profile`` (the observation's costs) must have been measured on that engine."""
     if not isinstance(profile, CostProfile):
         profile = CostProfile.load(profile)
+    loaded = load_pair(pair, dtype, engine=engine)
+    if engine_of(loaded.target) != profile.engine:
+        raise ValueError(
+            f"the profile was measured on engine {profile.engine!r}, the live pair runs {engine_of(loaded.target)!r}: "
+            "measure one on this engine (profile: auto, or adaptive profile --engine E) or set the engine to the profile's"
+        )
+    decoder = SpeculativeDecoder(loaded.target, loaded.draft, BasePolicy(), SamplingConfig(temperature), tokenizer=loaded.tokenizer, max_depth=max_depth)
+    prompts = [chat_ids(loaded.tokenizer, p["prompt"]) for p in load_prompts(split)]
     return SpecDecodeEnv(LiveBackend(decoder, prompts, profile, max_new_tokens), decision, partner, decision_seconds, episode, schema_version)

@@ -70,7 +70,7 @@ def candidates(
     the best few are then decoded live on val prompts (resumable from ``checkpoint``), and one replaces the
     replay choice only where the live protocol says it is faster with a 95 % interval above 1."""
     depth = config.env.max_depth
-    train, val = TraceSet.load(default_traces("train", config.pair)), TraceSet.load(default_traces("val", config.pair))
+    train, val = (TraceSet.load(default_traces(split, config.pair, engine=profile.engine)) for split in ("train", "val"))
     ranked, speeds = grid_search_splits({"train": train, "val": val}, profile, depth, config.env.decision_seconds)
     fitted: dict = {f"grid_{name}": {"best": max(s, key=lambda g: (s[g], -g)), "speedups": s} for name, s in speeds.items()}
     fitted["grid_replay_best"] = ranked[0]
@@ -199,7 +199,7 @@ def evaluate(
             decoder,
             prompts,
             ids,
-            TraceSet.load(default_traces("val", config.pair)),
+            TraceSet.load(default_traces("val", config.pair, engine=profile.engine)),
             profile,
             grid,
             policies[grid],
@@ -209,7 +209,7 @@ def evaluate(
             live_protocol.checkpoint_path(out, "calibration"),
             identity,
         )
-    test = TraceSet.load(default_traces("test", config.pair))
+    test = TraceSet.load(default_traces("test", config.pair, engine=profile.engine))
     replay = replay_comparison(config, profile, policies, test)
     replay_rows, replay_data = replay_table(replay, profile.target_step_seconds, config.env.max_depth)
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from adaptive.engines import ENGINES
+from adaptive.engines import AUTO, DEFAULT_ENGINE, ENGINES
 from adaptive.observation import VERSIONS
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
@@ -165,9 +165,10 @@ class ExperimentConfig:
     dtype: str = DEFAULT_DTYPE
     """the pair's precision for live decoding and measured profiles: auto (bfloat16 where this machine multiplies it
     natively, else float32), float32, bfloat16 or float16"""
-    engine: str = "eager"
-    """the target's forward for live decoding and measured profiles: eager (transformers), lean, lean-int8, lean-int4,
-    compiled, compiled-int8 or compiled-int4 (adaptive.engines.ENGINES)"""
+    engine: str = DEFAULT_ENGINE
+    """the target's forward for live decoding and measured profiles: auto (compiled-int4 where it runs, else eager;
+    adaptive.engines.resolve_engine), eager (transformers), lean, lean-int8, lean-int4, compiled, compiled-int8 or
+    compiled-int4 (adaptive.engines.ENGINES); replay reads the shipped traces recorded on the profile's engine"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)
@@ -188,7 +189,7 @@ class ExperimentConfig:
         if self.init_from is not None and not ((Path(self.init_from) / "checkpoints").is_dir() and (Path(self.init_from) / "state.json").is_file()):
             raise ConfigError(f"init_from must be a training run folder (with state.json and checkpoints/), got {self.init_from!r}")
         _one_of("dtype", self.dtype, DTYPE_CHOICES)
-        _one_of("engine", self.engine, tuple(ENGINES))
+        _one_of("engine", self.engine, (AUTO, *ENGINES))
         _at_least("checkpoint_every", self.checkpoint_every, 1)
         _at_least("eval_episodes", self.eval_episodes, 1)
         self.env.validate("env")

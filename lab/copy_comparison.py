@@ -177,7 +177,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     out.mkdir(parents=True, exist_ok=True)
     resolve_profile(config, out)
     profile = CostProfile.load(config.env.profile)
-    train, val, test = (TraceSet.load(default_traces(split, config.pair, copy=True)) for split in SPLITS)
+    train, val, test = (TraceSet.load(default_traces(split, config.pair, copy=True, engine=profile.engine)) for split in SPLITS)
     chosen, fitted = contenders(config, profile, learned, train, val)
     task_of = {p["id"]: p["task"] for split in SPLITS for p in load_prompts(split)}
     tasks = [task_of[pid] for pid in test.prompt_ids]

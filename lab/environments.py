@@ -56,9 +56,18 @@ def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | No
 
 
 def resolve_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None) -> None:
-    """Point ``config.env.profile`` at a file: an ``auto`` profile is measured now into ``folder``."""
-    if config.env.profile == AUTO and config.env.backend != "synthetic":
+    """Point ``config.env.profile`` at a file: an ``auto`` profile is measured now into ``folder``. An ``auto``
+    engine becomes the profile's: the one just measured on (:func:`adaptive.engines.resolve_engine`), or the one a
+    given profile file was measured on, so that live decoding, replay's traces and the profile agree."""
+    if config.env.backend == "synthetic":
+        return
+    if config.env.profile == AUTO:
         config.env.profile = str(measure_profile(config, folder, max_verify))
+    measured_on = CostProfile.load(config.env.profile).engine
+    if config.engine == AUTO:
+        config.engine = measured_on
+    elif config.engine != measured_on:
+        log.warning("%s was measured on engine %s, this run decodes on %s: its costs are not this engine's", config.env.profile, measured_on, config.engine)
 
 
 def run_profile(config: ExperimentConfig) -> CostProfile | None:

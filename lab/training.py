@@ -305,8 +305,8 @@ def _write_config(config: ExperimentConfig, folder: Path) -> None:
 
 
 def _run(config: ExperimentConfig, folder: Path, state: dict) -> Path:
-    """Resolve an ``auto`` profile (measured now if it was not yet), restore the saved models, train on, finish."""
-    if config.env.profile == AUTO and config.env.backend != "synthetic":
+    """Resolve an ``auto`` profile (measured now if it was not yet) and engine, restore the saved models, train on, finish."""
+    if AUTO in (config.env.profile, config.engine) and config.env.backend != "synthetic":
         resolve_profile(config, folder)
         _write_config(config, folder)
     torch.manual_seed(config.seed)

@@ -71,8 +71,8 @@ def evaluate_trees(
     resolve_profile(config, out, max_verify=max(sizes) + 1)
     profile = CostProfile.load(config.env.profile)
     depth, seconds = config.env.max_depth, config.env.decision_seconds
-    chains = {split: TraceSet.load(default_traces(split, config.pair)) for split in ("train", "val", "test")}
-    trees = {split: TreeTraceSet.load(default_traces(split, config.pair, tree=True)) for split in ("train", "val", "test")}
+    chains = {split: TraceSet.load(default_traces(split, config.pair, engine=profile.engine)) for split in ("train", "val", "test")}
+    trees = {split: TreeTraceSet.load(default_traces(split, config.pair, tree=True, engine=profile.engine)) for split in ("train", "val", "test")}
     shape = trees["test"].shape
     ranked, chain_speeds = grid_search_splits({split: chains[split] for split in ("train", "val")}, profile, depth, seconds)
     chain_best = ranked[0]

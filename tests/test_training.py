@@ -97,7 +97,7 @@ def test_training_resumes_after_kill_9(tmp_path):
         ({"tracking": {"wandb": "maybe"}}, "tracking.wandb must be one of offline, online, disabled"),
         ({"env": {"alphas": [0.5, 1.2]}}, "env.alphas"),
         ({"colour": "red"}, "unknown key 'colour'"),
-        ({"engine": "fast"}, "engine must be one of eager, lean, lean-int8, lean-int4, compiled"),
+        ({"engine": "fast"}, "engine must be one of auto, eager, lean, lean-int8, lean-int4, compiled"),
     ],
 )
 def test_config_errors_name_the_key(data, message):
@@ -300,3 +300,19 @@ def load_traces(split: str):
     from adaptive.traces import TraceSet
 
     return TraceSet.load(ROOT / "data" / "traces" / f"smollm2-135m-{split}.npz")
+
+
+def test_an_auto_engine_becomes_the_engine_of_the_profile_a_run_is_timed_by(tmp_path, caplog):
+    """The quickstart's engine is auto: timed by a given profile file, it decodes on that profile's engine (the shipped
+    eager profile: eager), so live decoding, replay's traces and the costs agree; a named engine other than the
+    profile's is kept and warned about."""
+    from lab.environments import resolve_profile
+
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    assert config.engine == "auto"
+    config.env.profile = str(ROOT / "profiles" / "smollm2-135m.json")
+    resolve_profile(config, tmp_path)
+    assert config.engine == "eager"
+    config.engine = "compiled-int4"
+    resolve_profile(config, tmp_path)
+    assert config.engine == "compiled-int4" and "measured on engine eager, this run decodes on compiled-int4" in caplog.text

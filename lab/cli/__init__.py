@@ -1,31 +1,57 @@
 """The ``adaptive`` command line: one module per group of commands, each adding its subcommands.
 
 * :mod:`lab.cli.decoding`: ``exactness``, ``costmodel``, ``generate``, ``demo``
-* :mod:`lab.cli.data`: ``profile``, ``record``, ``distill``
-* :mod:`lab.cli.experiments`: ``train``, ``evaluate``, ``retarget``
+* :mod:`lab.cli.data`: ``profile``, ``record``, ``distill``, ...
+* :mod:`lab.cli.experiments`: ``train``, ``evaluate``, ``retarget``, ``sweep``
 * :mod:`lab.cli.serving`: ``loadtest``, ``train-batch``
+
+:data:`lab.cli.commands.COMMANDS` names each command's module: only the module of the command being run is
+imported (torch, transformers and stable-baselines3 with it), so ``adaptive --help`` and ``--version`` are instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-from lab.cli import data, decoding, experiments, serving
+from lab.cli.commands import COMMANDS
 
 USAGE_ERROR = 2
 """The exit status of a refused input, as argparse's own for a bad argument."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``adaptive`` command."""
+def package_version() -> str:
+    """The installed adaptive-draft's version."""
+    try:
+        return version("adaptive-draft")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``adaptive`` command: every command listed by its summary, and the full parsers of
+    ``command``'s module (None: of every module)."""
     parser = argparse.ArgumentParser(prog="adaptive", description="Exact speculative decoding with draft policies judged by wall-clock throughput.")
+    parser.add_argument("--version", action="version", version=f"adaptive-draft {package_version()}")
     parser.add_argument("--debug", action="store_true", help="on an error, show the full traceback instead of one line")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for group in (decoding, data, experiments, serving):
-        group.register(commands)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = {module for module, _ in COMMANDS.values()} if command is None else {COMMANDS[command][0]} if command in COMMANDS else set()
+    registered = set()
+    for module in sorted(modules):
+        importlib.import_module(module).register(commands)
+        registered |= {name for name, (owner, _) in COMMANDS.items() if owner == module}
+    for name, (_, summary) in COMMANDS.items():
+        if name not in registered:
+            commands.add_parser(name, help=summary)  # listed only: this run does not parse its arguments
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first argument that is not an option), if any."""
+    return next((argument for argument in argv if not argument.startswith("-")), None)
 
 
 def _undecodable(argv: Sequence[str]) -> str | None:
@@ -42,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``adaptive`` console script. A refused input (a bad value, a missing or damaged file, a path
     that cannot be written) ends with one line naming it and exit status 2; ``--debug`` shows the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(_command_of(argv) or "")
     bad = _undecodable(argv)
     if bad is not None:
         parser.error(f"argument {bad!r} is not valid UTF-8 text")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from adaptive.engines import ENGINES, use_engine
+from adaptive.engines import AUTO, DEFAULT_ENGINE, ENGINES, use_engine
 from adaptive.generation import GenerationResult
 from adaptive.pair import COPY, PAIRS, ModelPair, load_copy_pair, load_pair, load_pair_from_paths
 from adaptive.precision import CHOICES as DTYPE_CHOICES
@@ -50,9 +50,10 @@ def add_engine_argument(parser: argparse.ArgumentParser) -> None:
     """--engine: the forward every decoder of the command runs (:data:`adaptive.engines.ENGINES`)."""
     parser.add_argument(
         "--engine",
-        default="eager",
-        choices=list(ENGINES),
-        help="the target's (and a standalone draft's) forward: eager (transformers, the default), lean (fused products, "
+        default=DEFAULT_ENGINE,
+        choices=[AUTO, *ENGINES],
+        help="the target's (and a standalone draft's) forward: auto (the default: compiled-int4 where it runs, else eager; "
+        "it says which), eager (transformers' own forward, for debugging), lean (fused products, "
         "preallocated cache), lean-int8 or lean-int4 (weight-only low-bit products; int4 holds the shipped Q4_1 weights); "
         "compiled, compiled-int8, compiled-int4: the same with the one-token step compiled by inductor (about a minute "
         "the first time, seconds once cached); an EAGLE-3 head follows (int8 under the low-bit engines, its draft step "
@@ -82,7 +83,7 @@ def pair_from_arguments(args: argparse.Namespace) -> ModelPair:
         raise ValueError("give --pair NAME, or both --target PATH and --draft PATH")
     else:
         pair = load_pair_from_paths(args.target, args.draft, args.dtype, args.device)
-    use_engine((pair.target, pair.draft), getattr(args, "engine", "eager"))
+    args.engine = use_engine((pair.target, pair.draft), getattr(args, "engine", "eager"))  # auto resolved: what ran is what is recorded
     return pair
 
 

@@ -23,9 +23,10 @@ from adaptive.sampling import SamplingConfig
 from adaptive.traces import TraceSet
 from adaptive.tree import TreeShape
 from adaptive.workload import COPY_TASKS, LANGUAGES, TASKS, load_prompts
-from envs.factory import DEFAULT_PROFILE, default_traces
+from envs.factory import DEFAULT_PROFILE, default_traces, engine_suffix
 from lab.acceptance import calibration, fit_predictor, sweep_thresholds
 from lab.chat_prompts import diversity, write_chat_prompts
+from lab.cli.commands import add_command
 from lab.cli.common import add_engine_argument, add_pair_arguments, add_worker_arguments, pair_from_arguments, pair_name
 from lab.distill import StandaloneKind
 from lab.distill_data import CHAT_POOL, CHAT_TEST, POOL, SHARDS, generate_shards, load_target_for_generation
@@ -218,7 +219,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.tree:
         pair = pair_from_arguments(args)
         shape = TreeShape.parse(args.tree)
-        source = args.outputs or TRACES / f"{name}-{args.split}.npz"
+        source = args.outputs or TRACES / f"{name}-{args.split}{engine_suffix(args.engine)}.npz"
         traces = record_tree_traces(
             pair,
             name,
@@ -231,7 +232,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             per_language=args.per_language,
             limit=args.limit,
         )
-        out = Path(args.out or TRACES / f"{name}-{args.split}-tree.npz")
+        out = Path(args.out or TRACES / f"{name}-{args.split}-tree{engine_suffix(args.engine)}.npz")
         traces.save(out)
         print(
             f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, k={shape.branching} W={shape.width} V={shape.size} depth {args.depth}, "
@@ -261,7 +262,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     else:
         traces = record_chains(pair_from_arguments(args), name, prompts, **settings)
     task = f"-{args.task}" if args.task not in (None, "all") else ""
-    suffix = task + ("" if sampling.is_greedy else f"-t{args.temperature:g}") + ("-copy" if args.copy else "")
+    suffix = task + ("" if sampling.is_greedy else f"-t{args.temperature:g}") + ("-copy" if args.copy else "") + engine_suffix(traces.metadata["engine"])
     out = Path(args.out or TRACES / f"{name}-{args.split}{suffix}.npz")
     traces.save(out)
     summary = f"mean acceptance probability {traces.accept_prob.mean():.3f}" if traces.sampled else f"mean m(t) {traces.match.mean():.3f}"
@@ -351,7 +352,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
 def register(commands) -> None:
     """Add this module's subcommands to the ``adaptive`` parser."""
-    prof = commands.add_parser("profile", help="measure draft step and verification costs of a pair on this machine")
+    prof = add_command(commands, "profile")
     add_pair_arguments(prof)
     add_engine_argument(prof)
     prof.add_argument("--out", default="profiles/profile.json", help="where to write the JSON profile")
@@ -375,7 +376,7 @@ def register(commands) -> None:
     prof.add_argument("--speed-tolerance", type=float, default=0.25, help="relative difference --speed allows (default 0.25)")
     prof.set_defaults(func=cmd_profile)
 
-    fit = commands.add_parser("fit-acceptance", help="fit the acceptance predictor (SpecDec++) on traces; calibration and the rule's thresholds in replay")
+    fit = add_command(commands, "fit-acceptance")
     fit.add_argument("--traces", nargs="+", default=["train"], help="traces to fit on: shipped split names or .npz files (default train)")
     fit.add_argument("--check", default="val", help="held-out traces for the calibration check (default val)")
     fit.add_argument("--tune", nargs="+", default=["train", "val"], help="traces the thresholds are priced on in replay (default train val; never test)")
@@ -387,7 +388,7 @@ def register(commands) -> None:
     fit.add_argument("--report", help="also write REPORT.json (calibration, replay) and REPORT.png (reliability diagram)")
     fit.set_defaults(func=cmd_fit_acceptance)
 
-    rec = commands.add_parser("record", help="record greedy replay traces of a pair on a workload split")
+    rec = add_command(commands, "record")
     add_pair_arguments(rec)
     add_engine_argument(rec)
     rec.add_argument("--split", default="train", choices=["train", "val", "test"])
@@ -417,13 +418,17 @@ def register(commands) -> None:
         "--tree",
         metavar="K,W,V",
         help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
-        "(--outputs FILE.npz, default data/traces/PAIR-SPLIT.npz); V is the default verified nodes; --depth = tree levels",
+        "(--outputs FILE.npz, default data/traces/PAIR-SPLIT[-ENGINE].npz); V is the default verified nodes; --depth = tree levels",
     )
-    rec.add_argument("--out", help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree)")
+    rec.add_argument(
+        "--out",
+        help="trace file (default data/traces/PAIR-SPLIT.npz, or PAIR-SPLIT-tree.npz with --tree; ending -ENGINE.npz when "
+        "recorded on another engine than eager, e.g. PAIR-SPLIT-compiled-int4.npz)",
+    )
     add_worker_arguments(rec, "prompts")
     rec.set_defaults(func=cmd_record)
 
-    data = commands.add_parser("distill-data", help="generate the target's responses to the draft-training prompts (sharded, resumable)")
+    data = add_command(commands, "distill-data")
     data.add_argument("--pool", default=str(POOL), help="draft-training prompts (scripts/build_draft_pool.py)")
     data.add_argument("--out", default=str(SHARDS), help="shard folder (rerun to continue; default: the committed shards)")
     data.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the head trains on both greedy and T = 0.7 shards")
@@ -435,9 +440,7 @@ def register(commands) -> None:
     data.add_argument("--seed", type=int, default=0)
     data.set_defaults(func=cmd_distill_data)
 
-    chat = commands.add_parser(
-        "chat-prompts", help="general-chat requests for the draft pool: expanded hand-written seeds, then English turns by the target (resumable)"
-    )
+    chat = add_command(commands, "chat-prompts")
     chat.add_argument("--out", default=str(CHAT_POOL), help="JSONL the turns are appended to (rerun to continue)")
     chat.add_argument("--magpie", type=int, default=12_000, help="English turns the target writes itself, after the expanded seeds (23,040)")
     chat.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="bfloat16", help="auto: bfloat16 where the CPU multiplies it natively")
@@ -446,7 +449,7 @@ def register(commands) -> None:
     chat.add_argument("--report", action="store_true", help="only print how diverse the turns in --out are")
     chat.set_defaults(func=cmd_chat_prompts)
 
-    dist = commands.add_parser("distill", help="train a draft for the default target on its own responses: a standalone model or an EAGLE-3 head")
+    dist = add_command(commands, "distill")
     dist.add_argument("--kind", choices=["standalone", "eagle3"], default="standalone", help="standalone 2-layer model (default) or EAGLE-3 head")
     dist.add_argument("--out", required=True, help="folder for the draft, its checkpoint and log (rerun to continue)")
     dist.add_argument("--data", default=str(SHARDS), help="response shards (adaptive distill-data)")

@@ -16,6 +16,7 @@ from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
+from lab.cli.commands import add_command
 from lab.cli.common import add_engine_argument, add_pair_arguments, floats, pair_from_arguments, print_rounds, summary_row
 from lab.report import format_table
 from policies import make_policy
@@ -144,14 +145,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def register(commands) -> None:
     """Add this module's subcommands to the ``adaptive`` parser."""
-    audit = commands.add_parser("exactness", help="audit correction rules: exact induced distributions and Monte Carlo")
+    audit = add_command(commands, "exactness")
     audit.add_argument("--p", type=floats, default=exactness.SEED_P, help="target distribution, e.g. 0.5,0.3,0.2")
     audit.add_argument("--q", type=floats, default=exactness.SEED_Q, help="draft distribution, e.g. 0.2,0.5,0.3")
     audit.add_argument("--trials", type=int, default=200_000, help="Monte Carlo trials (default 200000)")
     audit.add_argument("--seed", type=int, default=exactness.SEED_MONTE_CARLO, help="Monte Carlo seed (default 20260923)")
     audit.set_defaults(func=cmd_exactness)
 
-    cost = commands.add_parser("costmodel", help="speedup sweep over static depth and the analytic optimum")
+    cost = add_command(commands, "costmodel")
     cost.add_argument("--alpha", type=float, required=True, help="per-token acceptance probability α in [0, 1]")
     cost.add_argument("--c", type=float, required=True, help="draft step cost / target step cost")
     g_group = cost.add_mutually_exclusive_group()
@@ -160,7 +161,7 @@ def register(commands) -> None:
     cost.add_argument("--max-gamma", type=int, default=16, help="largest γ in the sweep (default 16)")
     cost.set_defaults(func=cmd_costmodel)
 
-    gen = commands.add_parser("generate", help="speculative decoding of one prompt with per-round statistics")
+    gen = add_command(commands, "generate")
     gen.add_argument("prompt", help="the prompt text")
     add_pair_arguments(gen)
     add_engine_argument(gen)
@@ -180,7 +181,7 @@ def register(commands) -> None:
     gen.add_argument("--quiet-rounds", action="store_true", help="do not print the per-round table")
     gen.set_defaults(func=cmd_generate)
 
-    demo = commands.add_parser("demo", help="decode one test prompt per language, speculative vs plain, with speedups")
+    demo = add_command(commands, "demo")
     add_pair_arguments(demo)
     add_engine_argument(demo)
     demo.set_defaults(pair="smollm2-135m")

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from lab.cli.commands import add_command
 from lab.cli.common import add_worker_arguments
 from lab.comparison import evaluate
 from lab.config import load_config
@@ -108,14 +109,14 @@ def cmd_retarget(args: argparse.Namespace) -> int:
 
 def register(commands) -> None:
     """Add this module's subcommands to the ``adaptive`` parser."""
-    trn = commands.add_parser("train", help="train draft policies with PPO from an experiment config")
+    trn = add_command(commands, "train")
     trn.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
     trn.add_argument("--runs", default="runs", help="folder for run folders (default runs/); RUNS/NAME-latest links the newest")
     trn.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its last checkpoint")
     trn.add_argument("--profile", help=PROFILE_HELP)
     trn.set_defaults(func=cmd_train)
 
-    swp = commands.add_parser("sweep", help="train a grid of experiment configs (key values × seeds), on Ray workers or here, and compare them")
+    swp = add_command(commands, "sweep")
     swp.add_argument("config", help="the base experiment YAML")
     swp.add_argument("--set", action="append", metavar="KEY=V1,V2", help="a config key and its values (repeatable; dotted keys, e.g. env.max_depth=4,8)")
     swp.add_argument("--seeds", default="0", help="comma-separated seeds, each grid point trained once per seed (default 0)")
@@ -124,7 +125,7 @@ def register(commands) -> None:
     add_worker_arguments(swp, "training runs")
     swp.set_defaults(func=cmd_sweep)
 
-    ev = commands.add_parser("evaluate", help="learned policies vs grid search, cost model, heuristics, oracle on the test split")
+    ev = add_command(commands, "evaluate")
     ev.add_argument("config", help="the experiment YAML the policies were trained with")
     ev.add_argument(
         "--policy",
@@ -153,7 +154,7 @@ def register(commands) -> None:
     ev.add_argument("--out", help="report folder (default evaluations/NAME-DATE); run again into the same folder, a killed evaluation resumes its live parts")
     ev.set_defaults(func=cmd_evaluate)
 
-    ret = commands.add_parser("retarget", help="re-evaluate a trained policy under another cost profile and re-train it briefly")
+    ret = add_command(commands, "retarget")
     ret.add_argument("run", help="training run folder, e.g. runs/quickstart-latest")
     ret.add_argument(
         "--profile",

@@ -13,6 +13,7 @@ from adaptive.traces import TraceSet
 from envs.factory import default_traces
 from lab import live_protocol
 from lab.batch_training import CAPPED, DEFAULT_DECISION_MS, ORACLE, ORACLE_CAPPED, best_static_schedule, train_best_of_seeds, worst_load_ratio
+from lab.cli.commands import add_command
 from lab.cli.common import add_engine_argument, add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
 from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, warm_up
@@ -209,9 +210,7 @@ def cmd_train_batch(args: argparse.Namespace) -> int:
 
 def register(commands) -> None:
     """Add this module's subcommands to the ``adaptive`` parser."""
-    load = commands.add_parser(
-        "loadtest", help="batched speculative decoding under load: latency percentiles, goodput, throughput, memory; plain batched decoding beside"
-    )
+    load = add_command(commands, "loadtest")
     add_pair_arguments(load)
     add_engine_argument(load)
     load.add_argument(
@@ -252,7 +251,7 @@ def register(commands) -> None:
     )
     load.set_defaults(func=cmd_loadtest)
 
-    train = commands.add_parser("train-batch", help="PPO for a load-aware batch policy in batched replay (greedy traces + a batched cost profile)")
+    train = add_command(commands, "train-batch")
     train.add_argument("--batch-profile", required=True, help="a batched cost profile (adaptive profile --batches)")
     train.add_argument("--traces", default="train", help="greedy chain traces: a shipped split name or a trace file (default train)")
     train.add_argument("--loads", default="1,2,4,8", help="concurrency levels the load switches between (default 1,2,4,8)")
