@@ -2,8 +2,9 @@
 
 Compared on the test split's first ``--per-language`` prompts of each language (chat format), greedy, up to
 ``--new-tokens`` new tokens (both stop at the end-of-sequence token), same machine, same threads: the project's
-plain decoding and each ``--policies`` entry (static depths, rules, learned policies) with the shipped head, its
-target run through ``--engine`` (default lean-int4); and llama.cpp's ``llama-speculative-simple`` with the head
+plain decoding and each ``--policies`` entry (static depths, rules, learned policies) with the shipped head, and
+each ``--trees`` entry (a draft tree of shape K,W,V grown as the policy says), its target run through ``--engine``
+(default compiled-int4); and llama.cpp's ``llama-speculative-simple`` with the head
 converted by llama.cpp's own converter (``--spec-type draft-eagle3``), for every target file of
 ``scripts/setup_llamacpp.sh`` (the shipped Q4_1 file and its BF16 re-typing) and every ``--n-max`` × ``--p-min``
 (``--spec-draft-n-max``: most tokens drafted per round; ``--spec-draft-p-min``: drafting stops below this draft
@@ -20,6 +21,7 @@ prompts. A killed run resumes from OUT.partial.jsonl (same arguments, same machi
 Set-up (once, optional): bash scripts/setup_llamacpp.sh
 Run: .venv/bin/python benchmarks/peer_speculative.py [--per-language 12] [--engine lean-int4]
      [--policies static:3,static:4,static:5,confidence,benchmarks/kept-policies/quickstart] [--n-max 4,8] [--p-min 0,0.3,0.5,0.7]
+     [--trees "4,4,4@static:3;4,4,8@benchmarks/kept-policies/tree"]
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from adaptive.engines import ENGINES, use_engine
 from adaptive.generation import GenerationResult
 from adaptive.models import cache_root, smollm2_gguf_path
 from adaptive.profiling import hardware_description
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import LANGUAGES
 from lab import live_protocol
 from lab.report import format_table
@@ -101,12 +105,18 @@ def acceptance(live: dict, name: str, llama: dict[str, LlamaCppSpeculative]) -> 
     return f"α {accepted / (accepted + rejections):.3f}" if accepted + rejections else "-"
 
 
+def tree_decoder_factory(pair, shape: TreeShape, spec: str):
+    """A factory of tree decoders of ``shape`` under the policy ``spec`` (a fresh policy each generation)."""
+    return lambda: TreeDecoder(pair.target, pair.draft, make_policy(spec), shape, tokenizer=pair.tokenizer)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-language", type=int, default=12)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--engine", choices=list(ENGINES), default="lean-int4")
+    parser.add_argument("--engine", choices=list(ENGINES), default="compiled-int4")
     parser.add_argument("--policies", default="static:3,static:4,static:5,confidence,benchmarks/kept-policies/quickstart")
+    parser.add_argument("--trees", default="", help="draft trees, SHAPE@POLICY separated by ';', e.g. '4,4,4@static:3' (greedy; K,W,V as --tree)")
     parser.add_argument("--n-max", default="4,8", help="llama.cpp's --spec-draft-n-max values, comma-separated")
     parser.add_argument("--p-min", default="0,0.3,0.5,0.7", help="llama.cpp's --spec-draft-p-min values, comma-separated")
     parser.add_argument("--targets", default="Q4_1,BF16", help="llama.cpp target files: Q4_1 (shipped), BF16 (re-typed by the set-up script)")
@@ -131,6 +141,9 @@ def main() -> None:
         f"{spec} ({args.engine})": (lambda spec=spec: SpeculativeDecoder(pair.target, pair.draft, make_policy(spec), GREEDY, tokenizer=pair.tokenizer))
         for spec in args.policies.split(",")
     }
+    trees = [entry.split("@", 1) for entry in args.trees.split(";") if entry]
+    for shape, spec in trees:
+        decoders[f"tree {shape} {spec} ({args.engine})"] = tree_decoder_factory(pair, TreeShape.parse(shape), spec)
     llama = {
         f"llama.cpp {target} n_max {n_max} p_min {p_min}": LlamaCppSpeculative(
             binary, files[target], head, int(n_max), float(p_min), pair.tokenizer, args.threads
@@ -140,7 +153,8 @@ def main() -> None:
         for p_min in args.p_min.split(",")
     }
     decoders.update({name: (lambda runner=runner: runner) for name, runner in llama.items()})
-    identity = {"engine": args.engine, "llama.cpp": str(binary), "head": str(head), "policies": live_protocol.policy_digests(args.policies.split(","))}
+    specs = args.policies.split(",") + [spec for _, spec in trees]
+    identity = {"engine": args.engine, "llama.cpp": str(binary), "head": str(head), "policies": live_protocol.policy_digests(specs), "trees": args.trees}
     checkpoint = args.out.with_name(args.out.name + ".partial.jsonl")
     live = live_protocol.measure(pair.target, prompts, ids, decoders, args.new_tokens, args.repeats, "peer", GREEDY, 0, checkpoint, identity)
     numbers = live_protocol.summarise(live)
