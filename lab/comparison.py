@@ -26,7 +26,7 @@ from envs.replay import ReplayBackend
 from lab import live_protocol
 from lab.calibration import calibrate, calibration_lines
 from lab.config import ExperimentConfig
-from lab.environments import resolve_profile
+from lab.environments import decoding_engine, resolve_profile
 from lab.evaluation import (
     PromptRecord,
     Summary,
@@ -177,11 +177,10 @@ def evaluate(
     Each live part keeps its finished prompts in ``out`` until the report is written: run again into the same
     ``out``, a killed evaluation resumes there (:func:`lab.live_protocol.checkpoint_path`)."""
     out.mkdir(parents=True, exist_ok=True)
-    resolve_profile(config, out)
+    needs_pair = live_per_language or grid_live_per_language or calibration_per_language
+    pair = live_protocol.warm_pair(config.pair, config.dtype, decoding_engine(config)) if needs_pair else None  # loaded (and compiled) once
+    resolve_profile(config, out, pair=pair)
     profile = CostProfile.load(config.env.profile)
-    pair = (
-        live_protocol.warm_pair(config.pair, config.dtype, config.engine) if live_per_language or grid_live_per_language or calibration_per_language else None
-    )
     elsewhere = hardware_differences(profile.hardware, hardware_description(pair.target.device)) if pair else []
     if elsewhere:
         logger.warning("%s was measured on other hardware (%s): live runs judge policies fitted to it off their machine", config.env.profile, elsewhere)

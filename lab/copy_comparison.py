@@ -32,7 +32,7 @@ from envs.replay import ReplayBackend
 from lab import live_protocol
 from lab.comparison import DEFAULT_STATIC, provenance, replay_table, track_comparison
 from lab.config import ExperimentConfig
-from lab.environments import resolve_profile
+from lab.environments import decoding_engine, resolve_profile
 from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, play, records_gain, records_speedup, static_sweep, summarise
 from lab.plots import plot_speedups
 from lab.report import format_table
@@ -175,7 +175,8 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     """The whole comparison; writes ``report.md``, ``evaluation.json`` and plots into ``out``. The live part keeps
     its finished prompts in ``out`` until then: run again into the same ``out``, it resumes."""
     out.mkdir(parents=True, exist_ok=True)
-    resolve_profile(config, out)
+    pair = live_protocol.warm_pair(config.pair, config.dtype, decoding_engine(config)) if live_per_language else None  # loaded (and compiled) once
+    resolve_profile(config, out, pair=pair)
     profile = CostProfile.load(config.env.profile)
     train, val, test = (TraceSet.load(default_traces(split, config.pair, copy=True, engine=profile.engine)) for split in SPLITS)
     chosen, fitted = contenders(config, profile, learned, train, val)
@@ -189,7 +190,6 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     live_tasks: dict = {}
     live_gains: dict = {}
     if live_per_language:
-        pair = live_protocol.warm_pair(config.pair, config.dtype, config.engine)
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language, LIVE_TASKS)
         decoders = live_decoders(pair, {name: c for name, c in chosen.items() if name.startswith(LIVE)}, config.env.max_depth)
         checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)

@@ -33,14 +33,15 @@ def quick_profile(pair, max_verify: int, tree_mask: bool = False) -> CostProfile
     return profile.with_metadata(measure_seconds=round(time.perf_counter() - start, 1))
 
 
-def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None) -> Path:
-    """A short profile of the config's pair on this machine (interleaved sweeps, medians; well under a
-    minute at bf16), saved as ``folder/profile.json``: draft step and verification of 1 to ``max_verify``
-    tokens (default: the depth cap + 1, or the tree size + 1 for tree configs) at three contexts."""
+def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None, pair=None) -> Path:
+    """A short profile of the config's pair (``pair``, already loaded, or loaded now) on this machine (interleaved
+    sweeps, medians; well under a minute at bf16), saved as ``folder/profile.json``: draft step and verification of
+    1 to ``max_verify`` tokens (default: the depth cap + 1, or the tree size + 1 for tree configs) at three contexts."""
     env = config.env
     if max_verify is None:
         max_verify = max(env.max_depth, env.tree_size if env.tree else 0) + 1
-    profile = quick_profile(load_pair(config.pair, config.dtype, engine=config.engine), max_verify, env.tree).with_metadata(measured_for=config.name)
+    pair = pair or load_pair(config.pair, config.dtype, engine=config.engine)
+    profile = quick_profile(pair, max_verify, env.tree).with_metadata(measured_for=config.name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "profile.json"
     profile.save(path)
@@ -55,14 +56,23 @@ def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | No
     return path
 
 
-def resolve_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None) -> None:
-    """Point ``config.env.profile`` at a file: an ``auto`` profile is measured now into ``folder``. An ``auto``
-    engine becomes the profile's: the one just measured on (:func:`adaptive.engines.resolve_engine`), or the one a
-    given profile file was measured on, so that live decoding, replay's traces and the profile agree."""
+def decoding_engine(config: ExperimentConfig) -> str:
+    """The engine a run decodes on: the config's, or for ``auto`` that of its profile file (an ``auto`` profile:
+    ``auto``, which :func:`adaptive.engines.resolve_engine` settles when the pair loads)."""
+    if config.engine != AUTO or config.env.profile == AUTO or config.env.backend == "synthetic":
+        return config.engine
+    return CostProfile.load(config.env.profile).engine
+
+
+def resolve_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None, pair=None) -> None:
+    """Point ``config.env.profile`` at a file: an ``auto`` profile is measured now into ``folder`` (on ``pair`` if
+    the run has loaded it, see :func:`decoding_engine`). An ``auto`` engine becomes the profile's: the one just
+    measured on (:func:`adaptive.engines.resolve_engine`), or the one a given profile file was measured on, so that
+    live decoding, replay's traces and the profile agree."""
     if config.env.backend == "synthetic":
         return
     if config.env.profile == AUTO:
-        config.env.profile = str(measure_profile(config, folder, max_verify))
+        config.env.profile = str(measure_profile(config, folder, max_verify, pair))
     measured_on = CostProfile.load(config.env.profile).engine
     if config.engine == AUTO:
         config.engine = measured_on

@@ -28,7 +28,7 @@ from envs.tree_replay import TreeReplayBackend
 from lab import live_protocol
 from lab.comparison import replay_table, track_comparison
 from lab.config import ExperimentConfig
-from lab.environments import resolve_profile
+from lab.environments import decoding_engine, resolve_profile
 from lab.evaluation import PromptRecord, grid_search_splits, play, static_speedups
 from lab.plots import plot_speedups
 from lab.report import format_table
@@ -68,7 +68,8 @@ def evaluate_trees(
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``. The
     live part keeps its finished prompts in ``out`` until then: run again into the same ``out``, it resumes."""
     out.mkdir(parents=True, exist_ok=True)
-    resolve_profile(config, out, max_verify=max(sizes) + 1)
+    pair = live_protocol.warm_pair(config.pair, config.dtype, decoding_engine(config)) if live_per_language else None  # loaded (and compiled) once
+    resolve_profile(config, out, max_verify=max(sizes) + 1, pair=pair)
     profile = CostProfile.load(config.env.profile)
     depth, seconds = config.env.max_depth, config.env.decision_seconds
     chains = {split: TraceSet.load(default_traces(split, config.pair, engine=profile.engine)) for split in ("train", "val", "test")}
@@ -87,7 +88,6 @@ def evaluate_trees(
         f"chain grid (static:{chain_best})": play(chain_backend, lambda: StaticDepth(chain_best), range(len(test_chain)), test_chain.langs, seconds),
         f"tree grid (static:{tree_depth}, V={tree_size})": play(tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds),
     }
-    pair = live_protocol.warm_pair(config.pair, config.dtype, config.engine) if live_per_language else None
     decoders: dict[str, Callable[[], object]] = {}
     if pair is not None:
         decoders[f"chain grid (static:{chain_best})"] = lambda: SpeculativeDecoder(pair.target, pair.draft, StaticDepth(chain_best), max_depth=depth)
