@@ -86,6 +86,7 @@ def test_an_auto_profile_is_measured_on_this_machine_and_kept_with_the_output(tm
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     config.env.max_depth = 2
     assert config.env.profile == "auto"
+    config.engine = "eager"  # compiling the real target costs a minute here; test_cli covers the auto engine
     resolve_profile(config, tmp_path)
     assert config.env.profile == str(tmp_path / "profile.json")
     profile = CostProfile.load(config.env.profile)
