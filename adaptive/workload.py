@@ -10,7 +10,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "workload" / "prompts.jsonl"
+from adaptive.shipped import shipped_root
+
+WORKLOAD = shipped_root() / "data" / "workload" / "prompts.jsonl"
 LANGUAGES = ("it", "en", "zh", "es")
 SPLITS = ("train", "val", "test")
 COPY_TASKS = ("fix", "comment", "passage", "keep-names")

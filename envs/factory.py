@@ -13,6 +13,7 @@ from adaptive.policy import BasePolicy, DraftPolicy
 from adaptive.precision import DEFAULT_DTYPE
 from adaptive.profile import CostProfile
 from adaptive.sampling import SamplingConfig
+from adaptive.shipped import shipped_root
 from adaptive.traces import TraceSet
 from adaptive.tree_traces import TreeTraceSet
 from adaptive.workload import chat_ids, load_prompts
@@ -22,7 +23,7 @@ from envs.replay import ReplayBackend
 from envs.synthetic import SyntheticBackend
 from envs.tree_replay import TreeReplayBackend
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = shipped_root()
 DEFAULT_PROFILE = ROOT / "profiles" / "smollm2-135m.json"
 TREE_PROFILE = ROOT / "profiles" / "smollm2-135m-tree.json"
 """Verification timed with a tree attention mask, up to 64 nodes (``adaptive profile --tree-mask --max-verify 64``)."""

@@ -20,6 +20,7 @@ from adaptive.engines import AUTO, DEFAULT_ENGINE, ENGINES
 from adaptive.observation import VERSIONS
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
+from adaptive.shipped import shipped_experiment, shipped_root
 
 
 class ConfigError(ValueError):
@@ -210,10 +211,11 @@ class ExperimentConfig:
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate an experiment YAML."""
-    path = Path(path)
+    """Read and validate an experiment YAML: a path, or the name of a shipped config (``quickstart``)."""
+    path = shipped_experiment(str(path))
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        shipped = sorted(p.stem for p in (shipped_root() / "experiments").glob("*.yaml"))
+        raise ConfigError(f"config file {path} does not exist (shipped configs, by name: {', '.join(shipped) or 'none found'})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
