@@ -13,6 +13,7 @@ from adaptive.profile import CostProfile
 from adaptive.profiling import profile_pair
 from envs.env import SpecDecodeEnv
 from envs.factory import make_live_env, make_replay_env, make_synthetic_env, make_tree_replay_env
+from lab.background import live_measurement
 from lab.config import ExperimentConfig
 from lab.evaluation import play, static_sweep, summarise
 from policies.baselines import SuffixRule
@@ -41,7 +42,8 @@ def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | No
     if max_verify is None:
         max_verify = max(env.max_depth, env.tree_size if env.tree else 0) + 1
     pair = pair or load_pair(config.pair, config.dtype, engine=config.engine)
-    profile = quick_profile(pair, max_verify, env.tree).with_metadata(measured_for=config.name)
+    with live_measurement():  # this project's background jobs wait meanwhile (lab.background)
+        profile = quick_profile(pair, max_verify, env.tree).with_metadata(measured_for=config.name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "profile.json"
     profile.save(path)
