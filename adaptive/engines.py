@@ -85,9 +85,7 @@ def use_engine(models: Sequence[object], engine: str) -> str:
     ``lean``, with the model's own weights, the head itself), its own-state step compiled under the compiled engines;
     distilled drafts and the copy drafter keep their own forward. ``auto``: as :func:`resolve_engine` says for the
     first of ``models`` (the target). Returns the engine used."""
-    engine = resolve_engine(engine, models[0]) if engine == AUTO else engine
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be {AUTO} or one of {', '.join(ENGINES)}, got {engine!r}")
+    engine = resolve_engine(engine, models[0])
     for model in models:
         if isinstance(model, Eagle3Head):
             model.__dict__.pop("lean_engine", None)

@@ -103,6 +103,12 @@ class RoundStats:
     """What drafted the round (:data:`SOURCES`)."""
     target_forward_time: float = 0.0
 
+    def time_parts(self) -> tuple[float, float, float, float]:
+        """The round's draft and verify time split four ways: the draft's forwards, drafting's own work outside them,
+        the target's verifying forward, and verification's own work (acceptance, rollback, emitting)."""
+        draft_forwards = self.forward_time - self.target_forward_time
+        return draft_forwards, self.draft_time - draft_forwards, self.target_forward_time, self.verify_time - self.target_forward_time
+
     @property
     def rejected(self) -> bool:
         """Whether the target rejected a token of the round's draft: acceptance stopped short of the drafted

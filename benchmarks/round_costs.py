@@ -120,11 +120,8 @@ def against_profile(generations: list[list[RoundStats]], profile: CostProfile) -
     live = {part: 0.0 for part in PARTS}
     modelled_draft = modelled_verify = 0.0
     for r, emitted in ((r, rounds[i - 1].emitted if i else None) for rounds in generations for i, r in enumerate(rounds)):
-        draft_forwards = r.forward_time - r.target_forward_time
-        live["draft forwards"] += draft_forwards
-        live["draft's own work"] += r.draft_time - draft_forwards
-        live["target forward"] += r.target_forward_time
-        live["verification's own work"] += r.verify_time - r.target_forward_time
+        for part, seconds in zip(PARTS, r.time_parts()):
+            live[part] += seconds
         modelled_draft += profile.drafting_seconds(r.context_length, r.drafted, emitted) + profile.drafting_work_seconds(r.drafted)
         modelled_verify += profile.verify_seconds(r.context_length, r.verified) + profile.verifying_work_seconds(r.verified)
     return {**live, "modelled draft": modelled_draft, "modelled verify": modelled_verify}

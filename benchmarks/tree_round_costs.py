@@ -32,14 +32,8 @@ PARTS = ("draft forwards", "drafting work", "target forward", "verifying work")
 
 
 def parts(rounds: list[RoundStats]) -> dict[str, float]:
-    """Seconds of ``rounds`` in each of :data:`PARTS`."""
-    draft_forwards = sum(r.forward_time - r.target_forward_time for r in rounds)
-    return {
-        "draft forwards": draft_forwards,
-        "drafting work": sum(r.draft_time for r in rounds) - draft_forwards,
-        "target forward": sum(r.target_forward_time for r in rounds),
-        "verifying work": sum(r.verify_time for r in rounds) - sum(r.target_forward_time for r in rounds),
-    }
+    """Seconds of ``rounds`` in each of :data:`PARTS` (:meth:`RoundStats.time_parts`)."""
+    return dict(zip(PARTS, map(sum, zip(*(r.time_parts() for r in rounds)))))
 
 
 def main() -> None:

@@ -179,8 +179,7 @@ def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     needs_pair = live_per_language or grid_live_per_language or calibration_per_language
     pair = live_protocol.warm_pair(config.pair, config.dtype, decoding_engine(config)) if needs_pair else None  # loaded (and compiled) once
-    resolve_profile(config, out, pair=pair)
-    profile = CostProfile.load(config.env.profile)
+    profile = resolve_profile(config, out, pair=pair)
     elsewhere = hardware_differences(profile.hardware, hardware_description(pair.target.device)) if pair else []
     if elsewhere:
         logger.warning("%s was measured on other hardware (%s): live runs judge policies fitted to it off their machine", config.env.profile, elsewhere)

@@ -176,8 +176,7 @@ def evaluate_sources(config: ExperimentConfig, learned: list[str], out: Path, li
     its finished prompts in ``out`` until then: run again into the same ``out``, it resumes."""
     out.mkdir(parents=True, exist_ok=True)
     pair = live_protocol.warm_pair(config.pair, config.dtype, decoding_engine(config)) if live_per_language else None  # loaded (and compiled) once
-    resolve_profile(config, out, pair=pair)
-    profile = CostProfile.load(config.env.profile)
+    profile = resolve_profile(config, out, pair=pair)
     train, val, test = (TraceSet.load(default_traces(split, config.pair, copy=True, engine=profile.engine)) for split in SPLITS)
     chosen, fitted = contenders(config, profile, learned, train, val)
     task_of = {p["id"]: p["task"] for split in SPLITS for p in load_prompts(split)}

@@ -66,20 +66,22 @@ def decoding_engine(config: ExperimentConfig) -> str:
     return CostProfile.load(config.env.profile).engine
 
 
-def resolve_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None, pair=None) -> None:
+def resolve_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None, pair=None) -> CostProfile | None:
     """Point ``config.env.profile`` at a file: an ``auto`` profile is measured now into ``folder`` (on ``pair`` if
     the run has loaded it, see :func:`decoding_engine`). An ``auto`` engine becomes the profile's: the one just
     measured on (:func:`adaptive.engines.resolve_engine`), or the one a given profile file was measured on, so that
-    live decoding, replay's traces and the profile agree."""
+    live decoding, replay's traces and the profile agree. Returns the profile (None for the synthetic backend)."""
     if config.env.backend == "synthetic":
-        return
+        return None
     if config.env.profile == AUTO:
         config.env.profile = str(measure_profile(config, folder, max_verify, pair))
-    measured_on = CostProfile.load(config.env.profile).engine
+    profile = CostProfile.load(config.env.profile)
+    measured_on = profile.engine
     if config.engine == AUTO:
         config.engine = measured_on
     elif config.engine != measured_on:
         log.warning("%s was measured on engine %s, this run decodes on %s: its costs are not this engine's", config.env.profile, measured_on, config.engine)
+    return profile
 
 
 def run_profile(config: ExperimentConfig) -> CostProfile | None:

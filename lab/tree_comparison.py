@@ -69,8 +69,7 @@ def evaluate_trees(
     live part keeps its finished prompts in ``out`` until then: run again into the same ``out``, it resumes."""
     out.mkdir(parents=True, exist_ok=True)
     pair = live_protocol.warm_pair(config.pair, config.dtype, decoding_engine(config)) if live_per_language else None  # loaded (and compiled) once
-    resolve_profile(config, out, max_verify=max(sizes) + 1, pair=pair)
-    profile = CostProfile.load(config.env.profile)
+    profile = resolve_profile(config, out, max_verify=max(sizes) + 1, pair=pair)
     depth, seconds = config.env.max_depth, config.env.decision_seconds
     chains = {split: TraceSet.load(default_traces(split, config.pair, engine=profile.engine)) for split in ("train", "val", "test")}
     trees = {split: TreeTraceSet.load(default_traces(split, config.pair, tree=True, engine=profile.engine)) for split in ("train", "val", "test")}
