@@ -53,6 +53,7 @@ class Product:
     def __init__(self, weight: torch.Tensor, kind: str, dtype: torch.dtype) -> None:
         self.kind = kind
         self.out_features = weight.shape[0]
+        self.scale = self.group = None
         weight = weight.detach().float()
         if kind == "model":
             self.weight = weight.to(dtype).contiguous()
@@ -69,17 +70,58 @@ class Product:
             step = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
             levels = ((groups - low) / step).round().clamp(0, 15).to(torch.int32).reshape(rows, columns)
             self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+            self.group = torch.tensor(GROUP)
             offset = low + 8 * step  # the kernel reads level q as (q - 8) * step + offset
             self.scale = torch.cat((step, offset), dim=-1).transpose(0, 1).contiguous().to(dtype)  # [groups, rows, 2]
         else:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
 
+    @property
+    def parts(self) -> tuple[str, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What :func:`multiply` takes: the kind, the matrix, its scales and its group size (None where unused)."""
+        return self.kind, self.weight, self.scale, self.group
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "model":
-            return F.linear(x, self.weight)
-        if self.kind == "int8":
-            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scale)
+        return multiply(x, *self.parts)
+
+
+def multiply(x: torch.Tensor, kind: str, weight: torch.Tensor, scale: torch.Tensor | None, group: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T`` for a matrix held as ``kind`` (:class:`Product`). int4 calls the kernel's own op with the group
+    size as a tensor: inductor lowers the aten op to it with the size as a graph constant, which a nested compile
+    region leaves unset (torch 2.13)."""
+    if kind == "model":
+        return F.linear(x, weight)
+    if kind == "int8":
+        return torch.ops.aten._weight_int8pack_mm(x, weight, scale)
+    return torch.ops.quantized.int4mm_packed_weight_cpu(x, weight, group, scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: normalised in float32, back to the activations' dtype, then scaled."""
+    return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
+
+
+@torch.compiler.nested_compile_region
+def attention_inputs(
+    x: torch.Tensor, norm: torch.Tensor, eps: float, qkv: tuple, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int
+) -> torch.Tensor:
+    """A layer's rotated queries and keys, then its values, of the residual streams ``x [N, hidden]``:
+    ``[N, (heads + 2·kv_heads)·dim]``, one tensor (a region's outputs may not alias each other). Compiled once for
+    every layer (a nested compile region), which shortens compilation by a third."""
+    qkv = multiply(rms_norm(x, norm, eps), *qkv)
+    dim = cos.shape[-1]
+    qk = qkv[:, : (heads + kv_heads) * dim].view(len(x), heads + kv_heads, dim)
+    qk = qk * cos + torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1) * sin  # rotary, queries and keys at once
+    return torch.cat((qk.reshape(len(x), -1), qkv[:, (heads + kv_heads) * dim :]), dim=-1)
+
+
+@torch.compiler.nested_compile_region
+def layer_output(x: torch.Tensor, attended: torch.Tensor, out: tuple, norm: torch.Tensor, eps: float, gate_up: tuple, down: tuple) -> torch.Tensor:
+    """A layer's output streams: ``x [N, hidden]`` plus the projected attention (``attended [N, heads·dim]``), plus
+    the MLP of that (a nested compile region, as :func:`attention_inputs`)."""
+    x = x + multiply(attended, *out)
+    gate, up = multiply(rms_norm(x, norm, eps), *gate_up).chunk(2, dim=-1)
+    return x + multiply(F.silu(gate) * up, *down)
 
 
 def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -170,10 +212,6 @@ class LeanLlama:
         """An empty cache for one sequence."""
         return KVCache(self.layers, self.kv_heads, self.head_dim, self.dtype, self.device)
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """transformers' LlamaRMSNorm: normalised in float32, back to the activations' dtype, then scaled."""
-        return weight * F.rms_norm(x.float(), x.shape[-1:], None, self.eps).to(x.dtype)
-
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[n, 1, head_dim]`` at ``positions``."""
         angles = positions.float()[:, None] * self.inverse_frequencies
@@ -199,15 +237,16 @@ class LeanLlama:
         # contiguity would be another case for the compiled step (a recompile of half a minute in mid-decoding)
         if self.step is None or len(token_ids) > 1 or mask is not None:
             return self._forward(token_ids, positions, cache.keys, cache.values, start, mask, tuple(taps), fused=False)
-        logits, states = self.step(token_ids, positions, cache.keys, cache.values, start, bool(taps))
+        logits, states = self.step(token_ids, positions, cache.keys, cache.values, start)
         return logits, [states[index] for index in taps]
 
     def _step(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, tapped: bool
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The compiled step's body; ``tapped``: return every layer's incoming residual stream (a graph of its own, so
-        plain decoding's step returns none: returning them cost it ~3 %)."""
-        return self._forward(token_ids, positions, keys, values, start, None, tuple(range(self.layers + 1)) if tapped else (), fused=True)
+        self, token_ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compiled step's body: the logits and every layer's incoming residual stream, stacked ``[layers + 1,
+        1, hidden]`` (one graph for plain decoding and a head's target alike: compiled once)."""
+        logits, states = self._forward(token_ids, positions, keys, values, start, None, tuple(range(self.layers + 1)), fused=True)
+        return logits, torch.stack(states)
 
     def _forward(
         self,
@@ -242,7 +281,7 @@ class LeanLlama:
             else:
                 attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
             x = self._finish(index, x, attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
-        x = self.rms_norm(x, self.final_norm)
+        x = rms_norm(x, self.final_norm, self.eps)
         if self.layers in taps:
             tapped.append(x)
         return self.head(x), tapped
@@ -251,18 +290,13 @@ class LeanLlama:
         """Layer ``index``'s rotated queries ``[N, heads, dim]``, rotated keys and values ``[N, kv_heads, dim]`` of
         the residual streams ``x [N, hidden]`` (cos and sin ``[N, 1, dim]``)."""
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        half = dim // 2
-        qkv = self.qkv[index](self.rms_norm(x, self.norms[index][0]))  # [N, (heads + 2·kv_heads)·dim]
-        qk = qkv[:, : (heads + kv_heads) * dim].view(len(x), heads + kv_heads, dim)
-        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary, queries and keys at once
-        return qk[:, :heads], qk[:, heads:], qkv[:, (heads + kv_heads) * dim :].view(len(x), kv_heads, dim)
+        projected = attention_inputs(x, self.norms[index][0], self.eps, self.qkv[index].parts, cos, sin, heads, kv_heads)
+        queries, keys, values = projected.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+        return queries.view(len(x), heads, dim), keys.view(len(x), kv_heads, dim), values.view(len(x), kv_heads, dim)
 
     def _finish(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Layer ``index``'s output streams: ``x [N, hidden]`` plus the projected attention (``attended [N, heads·dim]``),
-        plus the MLP of that."""
-        x = x + self.out[index](attended)
-        gate, up = self.gate_up[index](self.rms_norm(x, self.norms[index][1])).chunk(2, dim=-1)
-        return x + self.down[index](F.silu(gate) * up)
+        """Layer ``index``'s output streams of ``x [N, hidden]`` and its attention ``attended [N, heads·dim]``."""
+        return layer_output(x, attended, self.out[index].parts, self.norms[index][1], self.eps, self.gate_up[index].parts, self.down[index].parts)
 
     @torch.inference_mode()
     def batched(
@@ -287,7 +321,7 @@ class LeanLlama:
             queries = queries.reshape(rows, n, heads, dim).transpose(1, 2).reshape(rows, kv_heads, group * n, dim)
             attended = F.scaled_dot_product_attention(queries, cache[index].keys, cache[index].values, attn_mask=mask)
             x = self._finish(index, x, attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
-        x = self.rms_norm(x, self.final_norm)
+        x = rms_norm(x, self.final_norm, self.eps)
         if self.layers in taps:
             tapped.append(x.view(rows, n, -1))
         return self.head(x).view(rows, n, -1), tapped
@@ -428,20 +462,25 @@ def make_lean(model: PreTrainedModel, weights: str = "int4", compiled: bool = Fa
     return model
 
 
+STEP_DYNAMIC = r"L\['start'\],L\['(keys|values)'\]\[\d+\]:1"
+"""What varies between one-token steps (the context and the cache's capacity), compiled as sizes from the first
+call on: otherwise inductor compiles a graph for the first context, then another for any (half the time)."""
+
+
 def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
     """Compile ``engine``'s one-token step, without and with taps, before any timed work, with a progress bar: once for
     a first context and once more for any context and cache size (inductor then generalises both). About a minute on 2 cores the first
     time; inductor keeps what it builds in ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``),
     and later processes load it in seconds."""
     use_inductor_cache()
-    sessions = (LeanCache(model, engine), LeanCache(model, engine, (0,)))  # the decoders' own path, without and with taps
-    with tqdm(total=4, desc=f"compiling the lean step (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})", unit="graph") as progress:
-        for session in sessions:
-            for context in (2, CACHE_BLOCK + 2):  # the second grows the cache: another context and another capacity
-                session.forward([0] * context)
-                session.forward([0])
-                session.rollback(0)
-                progress.update()
+    session = LeanCache(model, engine)  # the decoders' own path
+    description = f"compiling the lean step (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})"
+    with tqdm(total=2, desc=description, unit="context") as progress, torch.compiler.config.patch(dynamic_sources=STEP_DYNAMIC):
+        for context in (2, CACHE_BLOCK + 2):  # the second grows the cache: another context and another capacity (no recompile)
+            session.forward([0] * context)
+            session.forward([0])
+            session.rollback(0)
+            progress.update()
 
 
 def use_inductor_cache() -> None:

@@ -67,12 +67,18 @@ def drafting_head(head: Eagle3Head) -> Eagle3Head:
     return head if lean is None else lean
 
 
+HEAD_STEP_DYNAMIC = r"L\['end'\],L\['(keys|values)'\]:1"
+"""The head step's varying sizes (the context and the cache's capacity), dynamic from the first call (as
+:data:`adaptive.lean.STEP_DYNAMIC`)."""
+
+
 def compile_head_step(step: HeadStep) -> None:
     """Compile a head's own-state step before any timed work, with a progress bar, for a first cache and a grown one
     (as :func:`compile_step`; artefacts cached in the same place)."""
     use_inductor_cache()
     config, head, dtype = step.head.config, step.head, step.dtype
-    with tqdm(total=2, desc="compiling the head's step", unit="graph") as progress, torch.inference_mode():  # as sessions make their tensors
+    dynamic = torch.compiler.config.patch(dynamic_sources=HEAD_STEP_DYNAMIC)
+    with tqdm(total=2, desc="compiling the head's step", unit="graph") as progress, torch.inference_mode(), dynamic:  # as sessions make their tensors
         for capacity in (CACHE_BLOCK, 2 * CACHE_BLOCK):
             keys = torch.zeros(config.num_key_value_heads, capacity, config.head_dim, dtype=dtype, device=head.device)
             token = torch.zeros(1, dtype=torch.long, device=head.device)
