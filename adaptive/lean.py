@@ -468,10 +468,10 @@ call on: otherwise inductor compiles a graph for the first context, then another
 
 
 def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
-    """Compile ``engine``'s one-token step, without and with taps, before any timed work, with a progress bar: once for
-    a first context and once more for any context and cache size (inductor then generalises both). About a minute on 2 cores the first
-    time; inductor keeps what it builds in ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``),
-    and later processes load it in seconds."""
+    """Compile ``engine``'s one-token step before any timed work, with a progress bar, and check that a second context
+    and cache size run on the same graph. About a minute on 2 cores the first time; inductor keeps what it builds in
+    ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``), and later processes load it in about
+    ten seconds."""
     use_inductor_cache()
     session = LeanCache(model, engine)  # the decoders' own path
     description = f"compiling the lean step (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})"
