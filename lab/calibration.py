@@ -36,18 +36,26 @@ def calibrate(
     repeats: int = 2,
     checkpoint: Path | None = None,
     identity: dict | None = None,
+    measured: dict[str, list[dict]] | None = None,
 ) -> dict:
     """Modelled (replay of ``traces`` under ``profile``) against measured (live: plain decoding of ``target``
     and ``decoder``, a factory of the decoder running ``policy``; resumable from ``checkpoint``) seconds per
-    token, on the ``prompts`` the traces hold, with the traces' token budget."""
+    token, on the ``prompts`` the traces hold, with the traces' token budget. ``measured``: live rows of plain
+    and ``name`` on these prompts with that budget, taken already (grid search's live check), used as they are."""
     index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
     kept = [(prompt, ids) for prompt, ids in zip(prompts, prompt_ids, strict=True) if prompt["id"] in index]
     if not kept:
         raise ValueError("none of the calibration prompts has a recorded trace")
     prompts, prompt_ids = [p for p, _ in kept], [i for _, i in kept]
-    live = live_protocol.measure(
-        target, prompts, prompt_ids, {name: decoder}, traces.max_new_tokens, repeats, desc="calibration", checkpoint=checkpoint, identity=identity
-    )
+    if measured is None:
+        live = live_protocol.measure(
+            target, prompts, prompt_ids, {name: decoder}, traces.max_new_tokens, repeats, desc="calibration", checkpoint=checkpoint, identity=identity
+        )
+    else:
+        wanted = [prompt["id"] for prompt in prompts]
+        live = {key: [row for row in measured[key] if row["id"] in wanted] for key in (live_protocol.PLAIN, name)}
+        if [row["id"] for row in live[name]] != wanted:
+            raise ValueError(f"the rows given hold prompts {[row['id'] for row in live[name]]}, calibration needs {wanted}")
     records = play(ReplayBackend(traces, profile, max_depth), policy, [index[p["id"]] for p in prompts], traces.langs, decision_seconds)
     modelled = {live_protocol.PLAIN: profile.target_step_seconds, name: sum(r.seconds for r in records) / sum(r.tokens for r in records)}
     measured = {key: sum(r["seconds"] for r in rows) / sum(r["tokens"] for r in rows) for key, rows in live.items()}

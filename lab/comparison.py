@@ -63,8 +63,9 @@ def candidates(
     repeats: int = 2,
     checkpoint: Path | None = None,
     identity: dict | None = None,
-) -> tuple[dict[str, Callable[[], DraftPolicy]], dict]:
-    """Policies to compare (factories, so each generation starts fresh) and how the fitted ones were chosen.
+) -> tuple[dict[str, Callable[[], DraftPolicy]], dict, dict[str, list[dict]]]:
+    """Policies to compare (factories, so each generation starts fresh), how the fitted ones were chosen (with
+    ``measured_as``: each policy that is another's rule under a second name, and that name) and grid search's live rows.
 
     Grid search ranks static depths in replay on the train and val traces; with ``grid_live_per_language``
     the best few are then decoded live on val prompts (resumable from ``checkpoint``), and one replaces the
@@ -74,8 +75,10 @@ def candidates(
     ranked, speeds = grid_search_splits({"train": train, "val": val}, profile, depth, config.env.decision_seconds)
     fitted: dict = {f"grid_{name}": {"best": max(s, key=lambda g: (s[g], -g)), "speedups": s} for name, s in speeds.items()}
     fitted["grid_replay_best"] = ranked[0]
+    grid_rows: dict[str, list[dict]] = {}
     if grid_live_per_language:
-        check = grid_live(config, pair, ranked[0], sorted(ranked[:GRID_LIVE_FINALISTS]), grid_live_per_language, new_tokens, repeats, checkpoint, identity)
+        finalists = sorted(ranked[:GRID_LIVE_FINALISTS])
+        check, grid_rows = grid_live(config, pair, ranked[0], finalists, grid_live_per_language, new_tokens, repeats, checkpoint, identity)
         fitted["grid_live"] = check
         fitted["grid_best"] = check["best"]
     else:
@@ -83,21 +86,24 @@ def candidates(
     fitted["costmodel"] = costmodel_depths(train, profile, depth)
     fitted["alpha_train"] = acceptance_rate(train)
     fitted["model_speedups"] = {g: expected_tokens(fitted["alpha_train"], g) / round_cost(profile.c, profile.g_curve(), g) for g in range(1, depth + 1)}
-    chosen: dict[str, Callable[[], DraftPolicy]] = {
-        f"grid search (static:{fitted['grid_best']})": lambda: make_policy(f"static:{fitted['grid_best']}"),
-        f"default static:{DEFAULT_STATIC}": lambda: make_policy(f"static:{DEFAULT_STATIC}"),
-        f"cost model iid (static:{fitted['costmodel']['iid']})": lambda: make_policy(f"static:{fitted['costmodel']['iid']}"),
-        f"cost model lengths (static:{fitted['costmodel']['lengths']})": lambda: make_policy(f"static:{fitted['costmodel']['lengths']}"),
-        "heuristic": lambda: make_policy("heuristic"),
-        "confidence:0.4": lambda: make_policy("confidence:0.4"),
-        "entropy:2": lambda: make_policy("entropy:2.0"),
-        "specdec:0.7": lambda: make_policy("specdec:0.7"),
+    rules = {
+        f"grid search (static:{fitted['grid_best']})": f"static:{fitted['grid_best']}",
+        f"default static:{DEFAULT_STATIC}": f"static:{DEFAULT_STATIC}",
+        f"cost model iid (static:{fitted['costmodel']['iid']})": f"static:{fitted['costmodel']['iid']}",
+        f"cost model lengths (static:{fitted['costmodel']['lengths']})": f"static:{fitted['costmodel']['lengths']}",
+        "heuristic": "heuristic",
+        "confidence:0.4": "confidence:0.4",
+        "entropy:2": "entropy:2.0",
+        "specdec:0.7": "specdec:0.7",
     }
+    chosen: dict[str, Callable[[], DraftPolicy]] = {name: (lambda spec=spec: make_policy(spec)) for name, spec in rules.items()}
+    first_name = {spec: name for name, spec in reversed(rules.items())}
+    fitted["measured_as"] = {name: first_name[spec] for name, spec in rules.items() if first_name[spec] != name}
     for path in learned:
         policy = load_policy(path, pair=config.pair)  # stateless between generations: one instance serves all
         chosen[f"learned ({Path(path).name})"] = lambda p=policy: p
         fitted.setdefault("learned", {})[path] = policy.metadata.get("config_digest")
-    return chosen, fitted
+    return chosen, fitted, grid_rows
 
 
 def replay_comparison(
@@ -119,9 +125,10 @@ def grid_live(
     repeats: int = 2,
     checkpoint: Path | None = None,
     identity: dict | None = None,
-) -> dict:
+) -> tuple[dict, dict[str, list[dict]]]:
     """Grid search's live check on val prompts: the finalists decoded with the live protocol; the replay
-    choice stands unless a finalist is faster than it with a 95 % interval above 1."""
+    choice stands unless a finalist is faster than it with a 95 % interval above 1. Returns the check and the
+    live rows (plain and ``static:G`` per finalist)."""
     policies = {f"static:{g}": (lambda g=g: make_policy(f"static:{g}")) for g in finalists}
     live = live_protocol.measure_policies(
         pair, "val", per_language, policies, config.env.max_depth, new_tokens, repeats, "grid search live check", checkpoint, identity
@@ -130,7 +137,8 @@ def grid_live(
     against = {g: live_protocol.compare(live, f"static:{g}", f"static:{replay_choice}") for g in finalists if g != replay_choice}
     faster = [g for g, c in against.items() if c["verdict"] == "faster"]
     best = max(faster, key=lambda g: against[g]["ratio"]) if faster else replay_choice
-    return {"speedups": speedups, "against_replay_choice": against, "best": best, "repeats": repeats, "prompts": len(live[live_protocol.PLAIN])}
+    check = {"speedups": speedups, "against_replay_choice": against, "best": best, "repeats": repeats, "prompts": len(live[live_protocol.PLAIN])}
+    return check, live
 
 
 def live_comparison(
@@ -142,9 +150,14 @@ def live_comparison(
     repeats: int = 2,
     checkpoint: Path | None = None,
     identity: dict | None = None,
+    measured_as: dict[str, str] | None = None,
 ) -> dict[str, list[dict]]:
-    """Plain decoding and every policy on the first test prompts per language, with the live protocol."""
-    return live_protocol.measure_policies(pair, "test", per_language, policies, config.env.max_depth, new_tokens, repeats, "live test", checkpoint, identity)
+    """Plain decoding and every policy on the first test prompts per language, with the live protocol; a policy
+    that ``measured_as`` names as another's rule under a second name is decoded once, its rows shown under both."""
+    measured_as = measured_as or {}
+    distinct = {name: factory for name, factory in policies.items() if name not in measured_as}
+    live = live_protocol.measure_policies(pair, "test", per_language, distinct, config.env.max_depth, new_tokens, repeats, "live test", checkpoint, identity)
+    return {name: live[measured_as.get(name, name)] for name in (live_protocol.PLAIN, *policies)}
 
 
 def replay_table(records: dict[str, list[PromptRecord]], step_seconds: float, max_depth: int) -> tuple[list[list], dict]:
@@ -184,7 +197,7 @@ def evaluate(
     if elsewhere:
         logger.warning("%s was measured on other hardware (%s): live runs judge policies fitted to it off their machine", config.env.profile, elsewhere)
     identity = live_protocol.identity(pair, {"draft": pair.draft}, learned) if pair else None
-    policies, fitted = candidates(
+    policies, fitted, grid_rows = candidates(
         config, profile, learned, pair, grid_live_per_language, new_tokens, repeats, live_protocol.checkpoint_path(out, "grid"), identity
     )
     calibration = None
@@ -192,12 +205,15 @@ def evaluate(
         grid = next(name for name in policies if name.startswith("grid search"))
         prompts, ids = live_protocol.first_prompts(pair, "val", calibration_per_language)
         decoder = live_protocol.chain_decoders(pair, {grid: policies[grid]}, config.env.max_depth)[grid]
+        val = TraceSet.load(default_traces("val", config.pair, engine=profile.engine))
+        same_runs = grid_rows and calibration_per_language == grid_live_per_language and val.max_new_tokens == new_tokens
+        measured = {live_protocol.PLAIN: grid_rows[live_protocol.PLAIN], grid: grid_rows[f"static:{fitted['grid_best']}"]} if same_runs else None
         calibration = calibrate(
             pair.target,
             decoder,
             prompts,
             ids,
-            TraceSet.load(default_traces("val", config.pair, engine=profile.engine)),
+            val,
             profile,
             grid,
             policies[grid],
@@ -206,6 +222,7 @@ def evaluate(
             repeats,
             live_protocol.checkpoint_path(out, "calibration"),
             identity,
+            measured,
         )
     test = TraceSet.load(default_traces("test", config.pair, engine=profile.engine))
     replay = replay_comparison(config, profile, policies, test)
@@ -213,7 +230,8 @@ def evaluate(
     choice_bins = {name: choices(records) for name, records in replay.items() if name.startswith(("learned", "oracle", "grid"))}
     live = {}
     if live_per_language:
-        live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats, live_protocol.checkpoint_path(out, "test"), identity)
+        checkpoint = live_protocol.checkpoint_path(out, "test")
+        live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats, checkpoint, identity, fitted["measured_as"])
     live_data = live_protocol.summarise(live) if live else {}
     gains = live_gains(live, policies) if live else {}
     result = {
@@ -342,6 +360,7 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_record
         lines += calibration_lines(result["calibration"])
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
+        lines += [f"- {name}: {same}'s rule, decoded once and shown under both names." for name, same in fitted["measured_as"].items()]
     lines += ["", "## Gains (all languages, [95 % paired bootstrap over prompts])", ""]
     replay = result["replay"]
     grid = next(n for n in replay if n.startswith("grid search"))

@@ -53,11 +53,12 @@ def test_grid_search_confirms_its_finalists_live_on_val_prompts(tmp_path):
     config = load_config(ROOT / "experiments" / "quickstart.yaml")
     pair = warm_pair(config.pair)
     checkpoint, draft = tmp_path / "live-grid.partial.jsonl", identity(pair, {"draft": pair.draft}, [])
-    check = grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity=draft)
+    check, rows = grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity=draft)
     assert set(check["speedups"]) == {1, 3} and all(0.1 < c["ratio"] < 5.0 for c in check["speedups"].values())
+    assert set(rows) == {"plain", "static:1", "static:3"} and all(len(r) == 4 for r in rows.values())  # what calibration may reuse
     assert set(check["against_replay_choice"]) == {3} and check["prompts"] == 4
     assert check["best"] == (3 if check["against_replay_choice"][3]["verdict"] == "faster" else 1)
-    again = grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity=draft)
+    again, _ = grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity=draft)
     assert again == check  # the same seconds: read back, not measured again
     with pytest.raises(ValueError, match="other identity"):
         grid_live(config, pair, 1, [1, 3], per_language=1, new_tokens=12, repeats=1, checkpoint=checkpoint, identity={**draft, "drafts": {"draft": "another"}})
@@ -113,3 +114,29 @@ def test_copy_evaluation_compares_sources_baselines_and_oracles_per_task_type(tm
     report = (tmp_path / "report.md").read_text()
     assert "per task type" in report and "Grid search over static (depth, source)" in report
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup_replay.png", "speedup_replay_tasks.png"}
+
+
+def test_a_rule_listed_under_two_names_is_decoded_once_live_and_shown_under_both(tmp_path):
+    """Grid search and the cost model often pick the same static depth: the live test decodes it once."""
+    from lab.comparison import live_comparison
+    from lab.live_protocol import warm_pair
+    from policies import make_policy
+
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    pair = warm_pair(config.pair)
+    policies = {name: (lambda: make_policy("static:2")) for name in ("grid search (static:2)", "cost model iid (static:2)")}
+    live = live_comparison(config, pair, policies, 1, 8, repeats=1, measured_as={"cost model iid (static:2)": "grid search (static:2)"})
+    assert list(live) == ["plain", "grid search (static:2)", "cost model iid (static:2)"]
+    assert live["cost model iid (static:2)"] is live["grid search (static:2)"] and len(live["plain"]) == 4
+
+
+def test_candidates_name_the_rules_that_repeat_another_under_a_second_name():
+    from adaptive.profile import CostProfile
+    from lab.comparison import candidates
+
+    config = load_config(ROOT / "experiments" / "quickstart.yaml")
+    policies, fitted, rows = candidates(config, CostProfile.load(ROOT / "profiles" / "smollm2-135m.json"), [])
+    grid, iid = f"grid search (static:{fitted['grid_best']})", f"cost model iid (static:{fitted['costmodel']['iid']})"
+    assert rows == {} and set(fitted["measured_as"]) <= set(policies) and set(fitted["measured_as"].values()) <= set(policies)
+    assert (fitted["measured_as"].get(iid) == grid) == (fitted["grid_best"] == fitted["costmodel"]["iid"])
+    assert all(name not in fitted["measured_as"] for name in ("heuristic", "confidence:0.4", grid))

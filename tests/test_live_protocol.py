@@ -186,6 +186,30 @@ def test_calibration_compares_replays_modelled_time_with_live_time(target, near_
         calibrate(target, lambda: None, [{"id": "zz", "lang": "en"}], [[1, 2]], traces, flat_profile(), "x", lambda: make_policy("static:1"), 4, 0.0)
 
 
+def test_calibration_uses_rows_measured_already_instead_of_decoding_again(target, near_draft):
+    """Grid search's live check decodes plain and the chosen depth on the same val prompts: calibration reads those
+    rows (its decoder is never built) and refuses rows of other prompts."""
+    from conftest import flat_profile
+
+    from adaptive.recorder import record
+    from lab.calibration import calibrate
+
+    traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), PROMPTS, IDS, max_new_tokens=16, depth=4, metadata={})
+    decoders = {"static:2": lambda: SpeculativeDecoder(target, near_draft, make_policy("static:2"))}
+    rows = live_protocol.measure(target, PROMPTS[:2], IDS[:2], decoders, 16, repeats=1)
+
+    def never() -> None:
+        raise AssertionError("calibration decoded again")
+
+    args = (traces, flat_profile(), "static:2", lambda: make_policy("static:2"), 4, 0.0, 1, None, None)
+    result = calibrate(target, never, PROMPTS[:2], IDS[:2], *args, rows)
+    for key in ("plain", "static:2"):
+        seconds_per_token = sum(r["seconds"] for r in rows[key]) / sum(r["tokens"] for r in rows[key])
+        assert result["rows"][key]["measured_ms_per_token"] == pytest.approx(seconds_per_token * 1e3)
+    with pytest.raises(ValueError, match="calibration needs"):
+        calibrate(target, never, PROMPTS, IDS, *args, rows)
+
+
 def test_the_round_cost_benchmark_sets_a_policy_s_rounds_beside_static_rounds_of_the_same_depth(target, near_draft):
     """benchmarks/round_costs.py decodes every configuration on every prompt and groups each one's rounds by the depth
     it drafted: static:2 drafts 2 wherever the token budget allows, the cycling rule drafts 1 and 3 in turn, and the
