@@ -53,7 +53,7 @@ def run_policy(
     decision charged :func:`~envs.env.replay_decision_seconds` (``decision_seconds`` unless the policy is a rule);
     ``seed`` draws each generation's randomness (sampled replay) from (seed, prompt) instead of the prompt alone."""
     charged = replay_decision_seconds(policy, decision_seconds)
-    env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=charged, episode="generation")
+    env = SpecDecodeEnv(backend, "depth", partner=policy, decision_seconds=charged, episode="generation", observe=False)  # policies read draft_state()
     episodes = []
     for prompt in prompts:
         env.reset(seed=seed, options={"prompt": prompt})
