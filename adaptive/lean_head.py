@@ -7,7 +7,7 @@ import torch
 from tqdm import tqdm
 
 from adaptive.eagle3 import Eagle3Head, rotary
-from adaptive.lean import CACHE_BLOCK, LeanLinear, fused_attention, use_inductor_cache
+from adaptive.lean import CACHE_BLOCK, LeanLinear, fused_attention, inputs_only, own_code, use_inductor_cache
 
 HEAD_WEIGHTS = {"model": "model", "int8": "int8", "int4": "int8"}
 """How an EAGLE-3 head holds its matrices under each engine's :data:`WEIGHTS`: its own dtype under ``model``, else int8
@@ -21,7 +21,7 @@ class HeadStep:
     def __init__(self, head: Eagle3Head, dtype: torch.dtype) -> None:
         self.head = head
         self.dtype = dtype
-        self.step = torch.compile(self._step, dynamic=None, fullgraph=True)
+        self.step = torch.compile(own_code(self._step), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only})
 
     @torch.inference_mode()
     def __call__(self, token: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -214,6 +214,19 @@ def test_the_compiled_step_gives_transformers_logits_and_keeps_decoders_identica
     assert SpeculativeDecoder(model, eagle_head, StaticDepth(3)).generate(PROMPT, max_new_tokens=30).token_ids == plain
 
 
+@pytest.mark.slow
+def test_two_compiled_engines_in_one_process_each_run_their_own_graph():
+    """The compiled step skips guards on its engine's own weights and sizes: two engines of different sizes (and a
+    third of the first's size with other weights) in one process each still give their own model's logits."""
+    models = [make_lean(tiny_llama(seed=seed, hidden=hidden), "model", compiled=True) for seed, hidden in ((0, 32), (1, 64), (2, 32))]
+    for model in models:
+        lean, reference = LeanCache(model, model.lean_engine), CachedModel(model)
+        for session in (lean, reference):
+            session.forward([3, 1, 4, 1, 5])
+        for token in (9, 2, 6):
+            torch.testing.assert_close(lean.forward([token]), reference.forward([token]), rtol=0, atol=1e-5)
+
+
 def test_a_low_bit_engine_drafts_with_an_int8_copy_of_the_head_and_leaves_the_head_whole():
     """Under a low-bit engine a head drafts with an int8 copy (every matrix a LeanLinear): its logits are the head's up
     to int8 rounding (and differ from them: the copy is used), the head's own modules and saved weights are untouched,
