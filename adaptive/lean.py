@@ -11,8 +11,11 @@ growing cache) and multiplies bf16 weights at about half the bandwidth llama.cpp
   which reproduce a Q4_1 GGUF file's weights (the default target is shipped as one) up to float rounding; the output
   head (the tied embedding, Q8_0 in that file) is int8.
 
-With ``compiled=True`` the one-token step (plain decoding's, with or without a head's taps) is compiled by inductor,
-attention written as products and sums it fuses (:func:`fused_attention`). Forwards of several tokens stay uncompiled:
+With ``compiled=True`` the one-token step is compiled by inductor as one graph (plain decoding's and a head's target's:
+it returns every layer's residual stream), dynamic in the context and the cache's size from its first call, each
+layer's two halves nested compile regions compiled once for all layers (:func:`attention_inputs`,
+:func:`layer_output`), attention written as products and sums it fuses (:func:`fused_attention`), guards on its inputs
+only (:func:`inputs_only`). Forwards of several tokens stay uncompiled:
 compiled they were slower, with a dynamic token count and with one graph per padded bucket of 4 and 8 tokens alike
 (2 tokens 10.1 against 7.7 ms, 5 tokens 14.7 against 12.3 ms, compiled-int4, 2026-12-06).
 
