@@ -494,7 +494,7 @@ call on: otherwise inductor compiles a graph for the first context, then another
 
 def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
     """Compile ``engine``'s one-token step before any timed work, with a progress bar, and check that a second context
-    and cache size run on the same graph. About a minute on 2 cores the first time; inductor keeps what it builds in
+    and cache size run on the same graph. Under a minute on 2 cores the first time (53 s here); inductor keeps what it builds in
     ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``), and later processes load it in about
     ten seconds."""
     use_inductor_cache()
