@@ -224,11 +224,11 @@ class LeanLlama:
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.device) / self.head_dim))
         self.compiled = compiled
-        own = [self.embedding, self.final_norm, self.inverse_frequencies, *(w for pair in self.norms for w in pair)]
-        for product in (*self.qkv, *self.out, *self.gate_up, *self.down, self.head):
-            own += [t for t in product.parts[1:] if t is not None and t.dim()]
-        for tensor in own:  # sizes fixed: never generalised by dynamo because another engine's differ
-            torch._dynamo.mark_static(tensor)
+        if compiled:  # its sizes fixed: never generalised by dynamo because another engine's differ
+            own = [self.embedding, self.final_norm, self.inverse_frequencies, *(w for pair in self.norms for w in pair)]
+            own += [t for p in (*self.qkv, *self.out, *self.gate_up, *self.down, self.head) for t in p.parts[1:] if t is not None and t.dim()]
+            for tensor in own:
+                torch._dynamo.mark_static(tensor)
         self.step = torch.compile(own_code(self._step), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
         """One token without a mask (plain decoding's step; a head's target's, with taps), compiled by inductor: the
         small ops of each layer fused into a few loops, attention included (:func:`fused_attention`)."""
