@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from torch._inductor.cpp_builder import get_cpp_compiler
 from transformers import PreTrainedModel
 
+from adaptive import lowbit_kernels
 from adaptive.eagle3 import Eagle3Head
 from adaptive.lean import GROUP, check_layout, make_lean
 from adaptive.lean_head import HEAD_WEIGHTS, lean_head
@@ -18,9 +19,11 @@ ENGINES = {
     "lean": ("model", False),
     "lean-int8": ("int8", False),
     "lean-int4": ("int4", False),
+    "lean-int4-aten": ("int4-aten", False),
     "compiled": ("model", True),
     "compiled-int8": ("int8", True),
     "compiled-int4": ("int4", True),
+    "compiled-int4-aten": ("int4-aten", True),
 }
 """What ``--engine`` takes: transformers' eager forward, or the lean one (weights, one-token step compiled)."""
 AUTO = "auto"
@@ -44,7 +47,8 @@ def resolve_engine(engine: str, target: PreTrainedModel) -> str:
     elif not _has_cpp_compiler():
         chosen, why = "lean-int4", "no C++ compiler found for inductor (install g++ for compiled-int4)"
     else:
-        chosen, why = FASTEST, "int4 weights (the shipped Q4_1 grid), one-token step compiled"
+        kernel = "project's AVX512-BF16 kernels" if lowbit_kernels.obstacle() is None else f"torch's kernels: {lowbit_kernels.obstacle()}"
+        chosen, why = FASTEST, f"int4 weights (the shipped Q4_1 grid) on the {kernel}, one-token step and verifications compiled"
     print(f"engine auto: {chosen} ({why}; --engine eager for transformers' own forward)", file=sys.stderr)
     return chosen
 

@@ -6,18 +6,23 @@ growing cache) and multiplies bf16 weights at about half the bandwidth llama.cpp
 (rollback moves one integer), attention over the filled part only, and a choice of weights (:data:`WEIGHTS`):
 
 * ``model``: the model's own weights, in its dtype;
-* ``int8``: weight-only int8, one scale per output row (``torch._weight_int8pack_mm``);
-* ``int4``: weight-only int4 in groups of 32 with a scale and an offset each (``torch._weight_int4pack_mm_for_cpu``),
-  which reproduce a Q4_1 GGUF file's weights (the default target is shipped as one) up to float rounding; the output
-  head (the tied embedding, Q8_0 in that file) is int8.
+* ``int8``: weight-only int8, one scale per output row;
+* ``int4``: weight-only int4 in groups of 32 with a scale and an offset each, which reproduce a Q4_1 GGUF file's
+  weights (the default target is shipped as one) up to float rounding; the output head (the tied embedding, Q8_0 in
+  that file) is int8;
+* ``int8-aten``, ``int4-aten``: the same weights, always on torch's kernels (to compare).
+
+bf16 models multiply low-bit weights with :mod:`adaptive.lowbit_kernels` (AVX512-BF16) where they run, else with
+torch's kernels (``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_cpu``).
 
 With ``compiled=True`` the one-token step is compiled by inductor as one graph (plain decoding's and a head's target's:
 it returns every layer's residual stream), dynamic in the context and the cache's size from its first call, each
 layer's two halves nested compile regions compiled once for all layers (:func:`attention_inputs`,
 :func:`layer_output`), attention written as products and sums it fuses (:func:`fused_attention`), guards on its inputs
-only (:func:`inputs_only`). Forwards of several tokens stay uncompiled:
-compiled they were slower, with a dynamic token count and with one graph per padded bucket of 4 and 8 tokens alike
-(2 tokens 10.1 against 7.7 ms, 5 tokens 14.7 against 12.3 ms, compiled-int4, 2026-12-06).
+only (:func:`inputs_only`). Verifications (2 to :data:`VERIFY_MAX` tokens after a context, under a mask) run through
+a second graph of the same parts, dynamic in the token count too (:attr:`LeanLlama.verify`); a prompt's prefill stays
+uncompiled. With inductor's own int4 lowering such a graph was slower than the uncompiled forward (2026-12-06);
+calling the products as opaque kernels it is faster (5 tokens 15.4 against 23.6 ms, compiled-int4, 2026-12-07).
 
 EAGLE-3 heads follow the engine (:mod:`adaptive.lean_head`), and :mod:`adaptive.engines` names the engines the
 command line offers.
@@ -40,10 +45,11 @@ from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
+from adaptive import lowbit_kernels
 from adaptive.cached_model import CachedModel, output_vocabulary
 from adaptive.models import cache_root
 
-WEIGHTS = ("model", "int8", "int4")
+WEIGHTS = ("model", "int8", "int4", "int8-aten", "int4-aten")
 """How :class:`LeanLlama` holds its matrices (see the module's docstring)."""
 GROUP = 32
 """Weights per int4 group (Q4_1's block size)."""
@@ -52,52 +58,64 @@ CACHE_BLOCK = 256
 
 
 class Product:
-    """``x @ weight.T`` for ``x [n, K]``, with the weight held as :data:`WEIGHTS` says."""
+    """``x @ weight.T`` for ``x [n, K]``, with the weight held as :data:`WEIGHTS` says; :attr:`kernel` names what
+    multiplies it (``model``; ``int8-dot``, ``int4-dot`` for :mod:`adaptive.lowbit_kernels`; ``int8``, ``int4`` for torch's)."""
 
     def __init__(self, weight: torch.Tensor, kind: str, dtype: torch.dtype) -> None:
+        if kind not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
         self.kind = kind
-        self.out_features = weight.shape[0]
-        self.scale = self.group = None
+        rows, columns = weight.shape
+        self.out_features = rows
         weight = weight.detach().float()
+        own = not kind.endswith("-aten") and dtype == torch.bfloat16 and lowbit_kernels.fits(rows, columns) and lowbit_kernels.available()
         if kind == "model":
-            self.weight = weight.to(dtype).contiguous()
-        elif kind == "int8":
-            scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-            self.weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-            self.scale = scale.to(dtype)
-        elif kind == "int4":
-            rows, columns = weight.shape
+            self.kernel, self.tensors = "model", (weight.to(dtype).contiguous(),)
+        elif kind.startswith("int8"):
+            scale = (weight.abs().amax(dim=1).clamp(min=1e-12) / 127).to(dtype)  # both kernels multiply by it in dtype
+            levels = (weight / scale[:, None].float()).round().clamp(-127, 127).to(torch.int8).contiguous()
+            if own:
+                self.kernel, self.tensors = "int8-dot", (lowbit_kernels.pack_int8(levels), scale.float())
+            else:
+                self.kernel, self.tensors = "int8", (levels, scale)
+        else:
             if columns % GROUP:
                 raise ValueError(f"int4 weights need input sizes that are multiples of {GROUP}, got {columns}")
             groups = weight.reshape(rows, columns // GROUP, GROUP)
             low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
             step = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
             levels = ((groups - low) / step).round().clamp(0, 15).to(torch.int32).reshape(rows, columns)
-            self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
-            self.group = torch.tensor(GROUP)
-            offset = low + 8 * step  # the kernel reads level q as (q - 8) * step + offset
-            self.scale = torch.cat((step, offset), dim=-1).transpose(0, 1).contiguous().to(dtype)  # [groups, rows, 2]
-        else:
-            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
+            offset = low + 8 * step  # both kernels read level q as (q - 8) * step + offset, step and offset rounded to dtype
+            step, offset = step[..., 0].to(dtype), offset[..., 0].to(dtype)
+            if own:
+                self.kernel, self.tensors = "int4-dot", (lowbit_kernels.pack_int4(levels, step, offset),)
+            else:
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+                self.kernel, self.tensors = "int4", (packed, torch.tensor(GROUP), torch.stack((step, offset), dim=-1).transpose(0, 1).contiguous())
 
     @property
-    def parts(self) -> tuple[str, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """What :func:`multiply` takes: the kind, the matrix, its scales and its group size (None where unused)."""
-        return self.kind, self.weight, self.scale, self.group
+    def parts(self) -> tuple[str, tuple[torch.Tensor, ...]]:
+        """What :func:`multiply` takes after ``x``: the kernel and its operands."""
+        return self.kernel, self.tensors
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return multiply(x, *self.parts)
 
 
-def multiply(x: torch.Tensor, kind: str, weight: torch.Tensor, scale: torch.Tensor | None, group: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T`` for a matrix held as ``kind`` (:class:`Product`). int4 calls the kernel's own op with the group
-    size as a tensor: inductor lowers the aten op to it with the size as a graph constant, which a nested compile
-    region leaves unset (torch 2.13)."""
-    if kind == "model":
-        return F.linear(x, weight)
-    if kind == "int8":
-        return torch.ops.aten._weight_int8pack_mm(x, weight, scale)
-    return torch.ops.quantized.int4mm_packed_weight_cpu(x, weight, group, scale)
+def multiply(x: torch.Tensor, kernel: str, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``x @ W.T`` for a matrix held for ``kernel`` (:class:`Product`). torch's int4 kernel is called through its own
+    op with the group size as a tensor: inductor lowers the aten op to it with the size as a graph constant, which a
+    nested compile region leaves unset (torch 2.13)."""
+    if kernel == "model":
+        return F.linear(x, *tensors)
+    if kernel == "int8":
+        return torch.ops.aten._weight_int8pack_mm(x, *tensors)
+    if kernel == "int4-dot":
+        return torch.ops.adaptive.int4_matmul(x, *tensors)
+    if kernel == "int8-dot":
+        return torch.ops.adaptive.int8_matmul(x, *tensors)
+    packed, group, scales = tensors
+    return torch.ops.quantized.int4mm_packed_weight_cpu(x, packed, group, scales)
 
 
 def inputs_only(guards: list) -> list[bool]:
@@ -144,12 +162,14 @@ def layer_output(x: torch.Tensor, attended: torch.Tensor, out: tuple, norm: torc
     return x + multiply(F.silu(gate) * up, *down)
 
 
-def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Softmax attention of one query per head ``queries [kv_heads, group, dim]`` over ``keys``/``values``
-    ``[kv_heads, L, dim]``, written as products and sums that inductor fuses into one loop (in float32 for 16-bit
-    activations)."""
+def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax attention of the queries ``[kv_heads, rows, dim]`` over ``keys``/``values`` ``[kv_heads, L, dim]``
+    where ``mask [rows, L]`` allows (everywhere when None), written as products and sums that inductor fuses into one
+    loop (in float32 for 16-bit activations)."""
     compute = torch.float32 if queries.dtype in (torch.bfloat16, torch.float16) else queries.dtype
     scores = (queries.to(compute)[:, :, None, :] * keys.to(compute)[:, None, :, :]).sum(-1) * queries.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     return (scores.softmax(-1)[..., None] * values.to(compute)[:, None, :, :]).sum(-2).to(queries.dtype)
 
 
@@ -220,18 +240,21 @@ class LeanLlama:
             self.out.append(Product(attention.o_proj.weight, weights, self.dtype))
             self.gate_up.append(Product(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)), weights, self.dtype))
             self.down.append(Product(mlp.down_proj.weight, weights, self.dtype))
-        self.head = Product(model.lm_head.weight, "int8" if weights == "int4" else weights, self.dtype)
+        self.head = Product(model.lm_head.weight, weights.replace("int4", "int8"), self.dtype)
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.device) / self.head_dim))
         self.compiled = compiled
         if compiled:  # its sizes fixed: never generalised by dynamo because another engine's differ
             own = [self.embedding, self.final_norm, self.inverse_frequencies, *(w for pair in self.norms for w in pair)]
-            own += [t for p in (*self.qkv, *self.out, *self.gate_up, *self.down, self.head) for t in p.parts[1:] if t is not None and t.dim()]
+            own += [t for p in (*self.qkv, *self.out, *self.gate_up, *self.down, self.head) for t in p.tensors if t.dim()]
             for tensor in own:
                 torch._dynamo.mark_static(tensor)
         self.step = torch.compile(own_code(self._step), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
         """One token without a mask (plain decoding's step; a head's target's, with taps), compiled by inductor: the
         small ops of each layer fused into a few loops, attention included (:func:`fused_attention`)."""
+        self.verify = torch.compile(own_code(self._verify), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
+        """2 to :data:`VERIFY_MAX` tokens under a mask (a chain's or a tree's verification), compiled as :attr:`step`,
+        dynamic in the token count too."""
 
     def new_cache(self) -> KVCache:
         """An empty cache for one sequence."""
@@ -260,9 +283,16 @@ class LeanLlama:
         compiled engine runs one token without a mask (plain decoding's step, with or without taps) through :attr:`step`."""
         cache.reserve(start + len(token_ids) + 1)  # one spare slot: attention never reads the whole tensor, whose
         # contiguity would be another case for the compiled step (a recompile of half a minute in mid-decoding)
-        if self.step is None or len(token_ids) > 1 or mask is not None:
+        n = len(token_ids)
+        if self.step is None or (n > 1 or mask is not None) and (n > VERIFY_MAX or start == 0):  # a prompt's prefill
             return self._forward(token_ids, positions, cache.keys, cache.values, start, mask, tuple(taps), fused=False)
-        logits, states = self.step(token_ids, positions, cache.keys, cache.values, start)
+        if n == 1 and (mask is None or bool(mask.all())):  # a token that sees every slot: the step's case
+            logits, states = self.step(token_ids, positions, cache.keys, cache.values, start)
+        else:
+            # a tree's mask arrives made outside inference mode: copied, so that one graph serves both kinds
+            mask = causal_mask(n, start, token_ids.device) if mask is None else mask if mask.is_inference() else mask.clone()
+            with torch.compiler.config.patch(dynamic_sources=VERIFY_DYNAMIC):
+                logits, states = self.verify(token_ids, positions, cache.keys, cache.values, start, mask)
         return logits, [states[index] for index in taps]
 
     def _step(
@@ -271,6 +301,13 @@ class LeanLlama:
         """The compiled step's body: the logits and every layer's incoming residual stream, stacked ``[layers + 1,
         1, hidden]`` (one graph for plain decoding and a head's target alike: compiled once)."""
         logits, states = self._forward(token_ids, positions, keys, values, start, None, tuple(range(self.layers + 1)), fused=True)
+        return logits, torch.stack(states)
+
+    def _verify(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compiled verification's body: as :meth:`_step`, for ``n`` tokens under ``mask [n, start + n]``."""
+        logits, states = self._forward(token_ids, positions, keys, values, start, mask, tuple(range(self.layers + 1)), fused=True)
         return logits, torch.stack(states)
 
     def _forward(
@@ -289,8 +326,8 @@ class LeanLlama:
         group = heads // kv_heads
         x = self.embedding[token_ids]  # [n, hidden]
         cos, sin = self.rotary(positions)
-        if mask is None and n > 1:  # causal: token i sees slots up to start + i
-            mask = torch.arange(end, device=token_ids.device)[None, :] <= start + torch.arange(n, device=token_ids.device)[:, None]
+        if mask is None and n > 1:
+            mask = causal_mask(n, start, token_ids.device)
         if mask is not None:  # query rows are ordered (head within its key/value group, token): [group·n, end]
             mask = mask.repeat(group, 1)
         tapped = []
@@ -302,7 +339,7 @@ class LeanLlama:
             values[index][:, start:end] = new_values.transpose(0, 1)
             queries = queries.transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
             if fused:
-                attended = fused_attention(queries, keys[index][:, :end], values[index][:, :end])
+                attended = fused_attention(queries, keys[index][:, :end], values[index][:, :end], mask)
             else:
                 attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
             x = self._finish(index, x, attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
@@ -490,20 +527,32 @@ def make_lean(model: PreTrainedModel, weights: str = "int4", compiled: bool = Fa
 STEP_DYNAMIC = r"L\['start'\],L\['(keys|values)'\]\[\d+\]:1"
 """What varies between one-token steps (the context and the cache's capacity), compiled as sizes from the first
 call on: otherwise inductor compiles a graph for the first context, then another for any (half the time)."""
+VERIFY_DYNAMIC = STEP_DYNAMIC + r",L\['(token_ids|positions|mask)'\]"
+"""What varies between verifications: as :data:`STEP_DYNAMIC`, and the token count."""
+VERIFY_MAX = 16
+"""The most tokens a compiled verification takes; longer forwards (a prompt's prefill) run uncompiled."""
+
+
+def causal_mask(n: int, start: int, device: torch.device) -> torch.Tensor:
+    """``[n, start + n]``: token i (at slot start + i) sees slots up to its own."""
+    return torch.arange(start + n, device=device)[None, :] <= start + torch.arange(n, device=device)[:, None]
 
 
 def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
-    """Compile ``engine``'s one-token step before any timed work, with a progress bar, and check that a second context
-    and cache size run on the same graph. Under a minute on 2 cores the first time (53 s here); inductor keeps what it builds in
+    """Compile ``engine``'s one-token step and its verification before any timed work, with a progress bar, and check
+    that a second context, cache size and token count run on the same graphs. About a minute on 2 cores the first time; inductor keeps what it builds in
     ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``), and later processes load it in about
     ten seconds."""
     use_inductor_cache()
     session = LeanCache(model, engine)  # the decoders' own path
-    description = f"compiling the lean step (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})"
+    description = f"compiling the lean step and verification (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})"
     with tqdm(total=2, desc=description, unit="context") as progress, torch.compiler.config.patch(dynamic_sources=STEP_DYNAMIC):
         for context in (2, CACHE_BLOCK + 2):  # the second grows the cache: another context and another capacity (no recompile)
             session.forward([0] * context)
             session.forward([0])
+            for tokens in (2, 5):  # verifications: another token count (no recompile)
+                session.forward([0] * tokens)
+                session.rollback(context + 1)
             session.rollback(0)
             progress.update()
 

@@ -9,7 +9,7 @@ from tqdm import tqdm
 from adaptive.eagle3 import Eagle3Head, rotary
 from adaptive.lean import CACHE_BLOCK, LeanLinear, fused_attention, inputs_only, own_code, use_inductor_cache
 
-HEAD_WEIGHTS = {"model": "model", "int8": "int8", "int4": "int8"}
+HEAD_WEIGHTS = {"model": "model", "int8": "int8", "int4": "int8", "int8-aten": "int8-aten", "int4-aten": "int8-aten"}
 """How an EAGLE-3 head holds its matrices under each engine's :data:`WEIGHTS`: its own dtype under ``model``, else int8
 (one draft step of the default head: 0.99 ms bf16, 0.44 ms int8, 0.45 ms int4: past int8 the step is not its matrices)."""
 

@@ -137,9 +137,12 @@ def main() -> None:
         same = statistics.mean(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) / len(a) for a, b in pairs) if pairs else None
         agreement = f"{same:.0%} of the way to the first difference" if same is not None else "not compared"
         print(f"| {engine} | {ms:.2f} | {1e3 / ms:.1f} | {shown} | {', '.join(f'{x:.2f}' for x in g)} | {agreement} |")
+    print("\n| engine | forward of n = 1..8 tokens, ms (median) |\n|---|---|")
+    for engine in engines:
+        print(f"| {engine} | {', '.join(f'{statistics.median(c[n] for c in costs[engine]) * 1e3:.1f}' for n in range(1, 9))} |")
     if args.llama_bench:
         print()
-        for engine in (e for e in engines if e.endswith("int4")):
+        for engine in (e for e in engines if "int4" in e):
             ratio, low, high = bootstrap_ratio(step[LLAMA_CPP], step[engine])
             print(f"{engine} plain decoding speed / llama.cpp Q4_1's: {ratio:.3f} [{low:.3f}, {high:.3f}] (step-time ratio llama.cpp / {engine})")
 

@@ -168,8 +168,8 @@ class ExperimentConfig:
     natively, else float32), float32, bfloat16 or float16"""
     engine: str = DEFAULT_ENGINE
     """the target's forward for live decoding and measured profiles: auto (compiled-int4 where it runs, else eager;
-    adaptive.engines.resolve_engine), eager (transformers), lean, lean-int8, lean-int4, compiled, compiled-int8 or
-    compiled-int4 (adaptive.engines.ENGINES); replay reads the shipped traces recorded on the profile's engine"""
+    adaptive.engines.resolve_engine), eager (transformers), lean, lean-int8, lean-int4, lean-int4-aten, compiled,
+    compiled-int8, compiled-int4 or compiled-int4-aten (adaptive.engines.ENGINES); replay reads the shipped traces recorded on the profile's engine"""
     env: EnvConfig = field(default_factory=EnvConfig)
     depth_policy: PPOConfig = field(default_factory=PPOConfig)
     size_policy: PPOConfig = field(default_factory=_size_defaults)

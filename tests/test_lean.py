@@ -106,7 +106,7 @@ def test_low_bit_weights_reproduce_a_model_whose_weights_lie_on_their_grid(weigh
 
 
 def test_a_model_of_another_layout_and_bad_weights_are_refused(target):
-    with pytest.raises(ValueError, match="weights must be one of model, int8, int4, got 'int3'"):
+    with pytest.raises(ValueError, match="weights must be one of model, int8, int4, int8-aten, int4-aten, got 'int3'"):
         LeanLlama(target, "int3")
     model = tiny_llama(seed=0)
     model.config.hidden_act = "gelu"
@@ -160,7 +160,8 @@ def test_the_engine_switch_makes_llama_models_lean_and_back_and_names_a_bad_engi
     assert open_cache(model).engine.weights == "int8"
     use_engine((model,), "eager")
     assert type(open_cache(model)) is CachedModel
-    with pytest.raises(ValueError, match="engine must be auto or one of eager, lean, lean-int8, lean-int4, compiled, compiled-int8, compiled-int4, got 'fast'"):
+    allowed = "eager, lean, lean-int8, lean-int4, lean-int4-aten, compiled, compiled-int8, compiled-int4, compiled-int4-aten"
+    with pytest.raises(ValueError, match=f"engine must be auto or one of {allowed}, got 'fast'"):
         use_engine((model,), "fast")
 
 

@@ -54,8 +54,10 @@ def add_engine_argument(parser: argparse.ArgumentParser) -> None:
         choices=[AUTO, *ENGINES],
         help="the target's (and a standalone draft's) forward: auto (the default: compiled-int4 where it runs, else eager; "
         "it says which), eager (transformers' own forward, for debugging), lean (fused products, "
-        "preallocated cache), lean-int8 or lean-int4 (weight-only low-bit products; int4 holds the shipped Q4_1 weights); "
-        "compiled, compiled-int8, compiled-int4: the same with the one-token step compiled by inductor (about a minute "
+        "preallocated cache), lean-int8 or lean-int4 (weight-only low-bit products; int4 holds the shipped Q4_1 weights, "
+        "multiplied by the project's AVX512-BF16 kernel where the CPU has it; lean-int4-aten: on torch's kernel); "
+        "compiled, compiled-int8, compiled-int4, compiled-int4-aten: the same with the one-token step and verifications "
+        "of up to 16 tokens compiled by inductor (about a minute "
         "the first time, seconds once cached); an EAGLE-3 head follows (int8 under the low-bit engines, its draft step "
         "compiled under the compiled ones); the batched decoder runs the lean forward uncompiled",
     )

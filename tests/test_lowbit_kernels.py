@@ -1,0 +1,76 @@
+"""The AVX512-BF16 low-bit kernels (adaptive/lowbit_kernels.py): products equal to the weights they pack, each row
+computed alone (verification and plain decoding agree bit for bit), sizes that do not pack refused; a bf16 int4 target
+on them, its compiled verification equal to the uncompiled forward, every decoder greedy-identical to plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from adaptive import SpeculativeDecoder
+from adaptive.decoder import generate_plain
+from adaptive.lean import GROUP, LeanCache, Product, make_lean
+from adaptive.lowbit_kernels import available, obstacle, pack_int4
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
+from policies import StaticDepth
+
+pytestmark = pytest.mark.skipif(obstacle() is not None or not available(), reason=f"the low-bit kernels do not run here: {obstacle()}")
+
+PROMPT = [3, 7, 1, 12, 5, 9, 14, 2, 8, 6, 11, 4]
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_kernels_multiply_by_the_weights_they_pack_each_row_alone(kind):
+    """bf16 activations of 1 to 17 rows (blocks of 8 and a remainder): within bf16 rounding of the float64 product
+    with the same weights (int4: the grid's levels, steps and offsets; int8: levels and row scales), and each row equal
+    bit for bit to that row multiplied alone."""
+    torch.manual_seed(0)
+    weight = torch.randn(96, 4 * GROUP) * 0.05
+    product = Product(weight, kind, torch.bfloat16)
+    assert product.kernel == f"{kind}-dot"
+    if kind == "int8":
+        levels, scale = Product(weight, "int8-aten", torch.bfloat16).tensors  # torch's kernel's operands: the same weights
+        exact = levels.double() * scale.double()[:, None]
+    else:
+        groups = weight.reshape(96, 4, GROUP)
+        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        step = ((high - low) / 15).to(torch.bfloat16).double()
+        offset = (low + 8 * (high - low) / 15).to(torch.bfloat16).double()
+        levels = ((groups - low) / ((high - low) / 15)).round().clamp(0, 15)
+        exact = ((levels - 8) * step + offset).reshape(96, -1)
+    for rows in (1, 5, 8, 9, 17):
+        x = torch.randn(rows, 4 * GROUP).bfloat16()
+        out = product(x)
+        reference = x.double() @ exact.T
+        torch.testing.assert_close(out.double(), reference, rtol=0, atol=2**-7 * reference.abs().max().item())
+        assert torch.equal(torch.cat([product(x[i : i + 1]) for i in range(rows)]), out)
+
+
+def test_sizes_that_do_not_pack_are_refused_naming_them():
+    """Outputs must come in tiles of 16 and inputs in groups of 32; an int8 product of another size keeps torch's kernel."""
+    with pytest.raises(ValueError, match="outputs in multiples of 16 and inputs in multiples of 32, got 24 x 64"):
+        pack_int4(torch.zeros(24, 64, dtype=torch.int32), torch.ones(24, 2), torch.zeros(24, 2))
+    assert Product(torch.randn(24, 64), "int8", torch.bfloat16).kernel == "int8"
+
+
+@pytest.mark.slow
+def test_a_bf16_int4_target_on_the_kernels_verifies_compiled_as_uncompiled_and_decodes_as_plain():
+    """compiled-int4 on a bf16 Llama: its products run on the kernels (the output head's int8 too); verifications of
+    2 to 9 tokens through the compiled graph give the uncompiled forward's logits up to bf16 rounding (a wrong mask or
+    rotary is off by far more); chains and trees emit plain decoding's tokens."""
+    target = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4", compiled=True)
+    twin = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
+    engine = target.lean_engine
+    assert {engine.qkv[0].kernel, engine.down[0].kernel, engine.head.kernel} == {"int4-dot", "int8-dot"}
+    compiled, uncompiled = LeanCache(target, engine), LeanCache(twin, twin.lean_engine)
+    for session in (compiled, uncompiled):
+        session.forward(PROMPT)
+    for tokens in ([4, 11], [9, 12, 13, 15, 2], [6, 1, 0, 3, 7, 10, 5, 8, 13]):
+        expected = uncompiled.forward(tokens).float()
+        torch.testing.assert_close(compiled.forward(tokens).float(), expected, rtol=0, atol=0.02 * expected.abs().max().item())
+    draft = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
+    plain = generate_plain(target, PROMPT, max_new_tokens=40).token_ids
+    assert SpeculativeDecoder(target, draft, StaticDepth(4)).generate(PROMPT, max_new_tokens=40).token_ids == plain
+    assert TreeDecoder(target, draft, StaticDepth(3), TreeShape(2, 2, 6)).generate(PROMPT, max_new_tokens=40).token_ids == plain
