@@ -97,7 +97,11 @@ def test_training_resumes_after_kill_9(tmp_path):
         ({"tracking": {"wandb": "maybe"}}, "tracking.wandb must be one of offline, online, disabled"),
         ({"env": {"alphas": [0.5, 1.2]}}, "env.alphas"),
         ({"colour": "red"}, "unknown key 'colour'"),
-        ({"engine": "fast"}, "engine must be one of auto, eager, lean, lean-int8, lean-int4, compiled"),
+        (
+            {"engine": "fast"},
+            "engine must be one of auto, eager, lean, lean-int8, lean-int4, lean-int4-aten, "
+            "compiled, compiled-int8, compiled-int4, compiled-int4-aten; got 'fast'",
+        ),
     ],
 )
 def test_config_errors_name_the_key(data, message):
