@@ -17,8 +17,9 @@ torch's kernels (``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_
 
 With ``compiled=True`` the one-token step is compiled by inductor as one graph (plain decoding's and a head's target's:
 it returns every layer's residual stream), dynamic in the context and the cache's size from its first call, each
-layer's two halves nested compile regions compiled once for all layers (:func:`attention_inputs`,
-:func:`layer_output`), attention written as products and sums it fuses (:func:`fused_attention`), guards on its inputs
+layer's three parts nested compile regions compiled once for all layers (:func:`attention_inputs`,
+:func:`layer_attention`, :func:`layer_output`; the attention region halved a cold compile of both graphs, 118 to 59 s,
+2026-12-07), attention written as products and sums it fuses (:func:`fused_attention`), guards on its inputs
 only (:func:`inputs_only`). Verifications (2 to :data:`VERIFY_MAX` tokens after a context, under a mask) run through
 a second graph of the same parts, dynamic in the token count too (:attr:`LeanLlama.verify`); a prompt's prefill stays
 uncompiled. With inductor's own int4 lowering such a graph was slower than the uncompiled forward (2026-12-06);
@@ -162,6 +163,18 @@ def layer_output(x: torch.Tensor, attended: torch.Tensor, out: tuple, norm: torc
     return x + multiply(F.silu(gate) * up, *down)
 
 
+@torch.compiler.nested_compile_region
+def layer_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A layer's attention ``[n, heads·dim]`` of its rotated ``queries [n, heads, dim]`` over the cache's ``keys`` and
+    ``values`` ``[kv_heads, capacity, dim]``, slots ``[0, L)`` where ``mask [group·n, L]`` allows (a nested compile
+    region, as :func:`attention_inputs`)."""
+    n, heads, dim = queries.shape
+    grouped = queries.transpose(0, 1).reshape(kv_heads, heads // kv_heads * n, dim)
+    end = mask.shape[-1]
+    attended = fused_attention(grouped, keys[:, :end], values[:, :end], mask)
+    return attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim)
+
+
 def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention of the queries ``[kv_heads, rows, dim]`` over ``keys``/``values`` ``[kv_heads, L, dim]``
     where ``mask [rows, L]`` allows (everywhere when None), written as products and sums that inductor fuses into one
@@ -250,8 +263,9 @@ class LeanLlama:
             for tensor in own:
                 torch._dynamo.mark_static(tensor)
         self.step = torch.compile(own_code(self._step), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
-        """One token without a mask (plain decoding's step; a head's target's, with taps), compiled by inductor: the
-        small ops of each layer fused into a few loops, attention included (:func:`fused_attention`)."""
+        """One token that sees every slot (plain decoding's step; a head's target's, with taps), compiled by inductor:
+        the small ops of each layer fused into a few loops, attention included (:func:`fused_attention`, under an
+        all-True mask, so that the attention region takes the same inputs in both graphs)."""
         self.verify = torch.compile(own_code(self._verify), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
         """2 to :data:`VERIFY_MAX` tokens under a mask (a chain's or a tree's verification), compiled as :attr:`step`,
         dynamic in the token count too."""
@@ -326,7 +340,7 @@ class LeanLlama:
         group = heads // kv_heads
         x = self.embedding[token_ids]  # [n, hidden]
         cos, sin = self.rotary(positions)
-        if mask is None and n > 1:
+        if mask is None and (n > 1 or fused):
             mask = causal_mask(n, start, token_ids.device)
         if mask is not None:  # query rows are ordered (head within its key/value group, token): [group·n, end]
             mask = mask.repeat(group, 1)
@@ -337,12 +351,13 @@ class LeanLlama:
             queries, new_keys, new_values = self._project(index, x, cos, sin)
             keys[index][:, start:end] = new_keys.transpose(0, 1)
             values[index][:, start:end] = new_values.transpose(0, 1)
-            queries = queries.transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
             if fused:
-                attended = fused_attention(queries, keys[index][:, :end], values[index][:, :end], mask)
+                attended = layer_attention(queries, keys[index], values[index], mask, kv_heads)
             else:
+                queries = queries.transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
                 attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
-            x = self._finish(index, x, attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim))
+                attended = attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim)
+            x = self._finish(index, x, attended)
         x = rms_norm(x, self.final_norm, self.eps)
         if self.layers in taps:
             tapped.append(x)
