@@ -557,7 +557,7 @@ def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
     """Compile ``engine``'s one-token step and its verification before any timed work, with a progress bar, and check
     that a second context, cache size and token count run on the same graphs. About a minute on 2 cores the first time; inductor keeps what it builds in
     ``$TORCHINDUCTOR_CACHE_DIR`` (default ``~/.cache/adaptive-draft/inductor``), and later processes load it in about
-    ten seconds."""
+    twenty seconds."""
     use_inductor_cache()
     session = LeanCache(model, engine)  # the decoders' own path
     description = f"compiling the lean step and verification (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})"
