@@ -58,12 +58,20 @@ def calibrate(
             raise ValueError(f"the rows given hold prompts {[row['id'] for row in live[name]]}, calibration needs {wanted}")
     records = play(ReplayBackend(traces, profile, max_depth), policy, [index[p["id"]] for p in prompts], traces.langs, decision_seconds)
     modelled = {live_protocol.PLAIN: profile.target_step_seconds, name: sum(r.seconds for r in records) / sum(r.tokens for r in records)}
-    measured = {key: sum(r["seconds"] for r in rows) / sum(r["tokens"] for r in rows) for key, rows in live.items()}
-    rows = {
-        key: {"modelled_ms_per_token": modelled[key] * 1e3, "measured_ms_per_token": measured[key] * 1e3, "error": modelled[key] / measured[key] - 1}
-        for key in (live_protocol.PLAIN, name)
-    }
+    rows = {key: compare_rows(modelled[key], live[key]) for key in (live_protocol.PLAIN, name)}
     return {"policy": name, "prompts": len(prompts), "repeats": repeats, "profile_measured_at": profile.document.get("measured_at"), "rows": rows}
+
+
+def compare_rows(modelled: float, rows: list[dict]) -> dict:
+    """Modelled seconds per token against live ``rows``: the whole call, and without the prefill (which replay does
+    not model) where the rows hold it."""
+    tokens = sum(r["tokens"] for r in rows)
+    measured = sum(r["seconds"] for r in rows) / tokens
+    compared = {"modelled_ms_per_token": modelled * 1e3, "measured_ms_per_token": measured * 1e3, "error": modelled / measured - 1}
+    if all("prefill" in r for r in rows):  # rows of checkpoints older than the field lack it
+        decoding = measured - sum(r["prefill"] for r in rows) / tokens
+        compared |= {"decoding_ms_per_token": decoding * 1e3, "decoding_error": modelled / decoding - 1}
+    return compared
 
 
 def calibration_lines(result: dict) -> list[str]:
@@ -72,11 +80,12 @@ def calibration_lines(result: dict) -> list[str]:
         "",
         f"## Calibration: replay against this machine now ({result['prompts']} val prompts, {result['repeats']}x each, live protocol)",
         "",
-        "| decoder | modelled ms/token | measured ms/token | error |",
-        "|---|---|---|---|",
+        "| decoder | modelled ms/token | measured ms/token | error | measured without the prefill | error without it |",
+        "|---|---|---|---|---|---|",
     ]
     for key, row in result["rows"].items():
-        lines.append(f"| {key} | {row['modelled_ms_per_token']:.1f} | {row['measured_ms_per_token']:.1f} | {row['error']:+.1%} |")
+        decoding = f"{row['decoding_ms_per_token']:.1f} | {row['decoding_error']:+.1%}" if "decoding_error" in row else "– | –"
+        lines.append(f"| {key} | {row['modelled_ms_per_token']:.1f} | {row['measured_ms_per_token']:.1f} | {row['error']:+.1%} | {decoding} |")
     worst = max(abs(row["error"]) for row in result["rows"].values())
     if worst > WARN_ABOVE:
         lines += [
@@ -86,4 +95,7 @@ def calibration_lines(result: dict) -> list[str]:
             f"{result['profile_measured_at']}; re-run with --profile auto). Replay numbers below are relative to that profile; "
             "the live table is the final word.",
         ]
+        decoding = [abs(row["decoding_error"]) for row in result["rows"].values() if "decoding_error" in row]
+        if len(decoding) == len(result["rows"]):
+            lines[-1] += f" Replay leaves the prompt's prefill out: without it the error is up to {max(decoding):.0%}."
     return lines

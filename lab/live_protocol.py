@@ -141,7 +141,8 @@ def measure(
     ``lang``; ``prompt_ids``: their token ids); plain decoding samples with ``sampling``, every run with ``seed``.
 
     Per configuration (``plain`` and each decoder's name) one row per prompt: tokens, the median
-    seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them), rounds, accepted
+    seconds over ``repeats`` rotating back-to-back runs (``seconds_runs``: all of them) and the median prefill
+    seconds within them (``prefill``: the prompt's forward through both models and per-call set-up), rounds, accepted
     and rejecting rounds, TTFT, inter-token gaps and token ids of the median run, whether every run's
     output equals plain's, peak memory. A progress bar over generations shows the time left. Before each
     generation it waits while :func:`pause_file` exists.
@@ -260,6 +261,7 @@ def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:
         "tokens": len(median.token_ids),
         "seconds": statistics.median(r.total_time for r, _ in runs),
         "seconds_runs": [r.total_time for r, _ in runs],
+        "prefill": statistics.median(r.prefill_time for r, _ in runs),
         "rounds": len(median.rounds),
         "ttft": statistics.median(r.first_token_time for r, _ in runs),
         "accepted": sum(r.accepted for r in median.rounds),

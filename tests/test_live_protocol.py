@@ -49,6 +49,7 @@ def test_measure_rotates_repeats_and_keeps_medians(target, near_draft):
         assert [r["id"] for r in rows] == ["a", "b", "c"]
         for row in rows:
             assert len(row["seconds_runs"]) == 3 and row["seconds"] == statistics.median(row["seconds_runs"])
+            assert 0 < row["prefill"] < row["seconds"]
             assert row["identical"] and row["tokens"] == 12
     summary = live_protocol.summarise(live)
     assert summary["plain"]["all"]["speedup"] == pytest.approx(1.0)
@@ -180,10 +181,25 @@ def test_calibration_compares_replays_modelled_time_with_live_time(target, near_
     assert speculative["modelled_ms_per_token"] < plain["modelled_ms_per_token"]  # near draft: several tokens per 10-12 ms round
     for row in (plain, speculative):
         assert row["error"] == pytest.approx(row["modelled_ms_per_token"] / row["measured_ms_per_token"] - 1)
+        assert 0 < row["decoding_ms_per_token"] < row["measured_ms_per_token"]  # the prefill taken out
+        assert row["decoding_error"] == pytest.approx(row["modelled_ms_per_token"] / row["decoding_ms_per_token"] - 1)
     text = "\n".join(calibration_lines(result))
     assert "| plain | 10.0 |" in text and ("Warning" in text) == (max(abs(r["error"]) for r in result["rows"].values()) > 0.15)
+    assert ("without it the error is up to" in text) == ("Warning" in text)
     with pytest.raises(ValueError, match="no.*trace|none of"):
         calibrate(target, lambda: None, [{"id": "zz", "lang": "en"}], [[1, 2]], traces, flat_profile(), "x", lambda: make_policy("static:1"), 4, 0.0)
+
+
+def test_calibration_takes_the_prefill_out_where_the_rows_hold_it():
+    """Rows of a checkpoint written before live rows carried their prefill are compared whole only."""
+    from lab.calibration import compare_rows
+
+    rows = [{"tokens": 10, "seconds": 0.12, "prefill": 0.02}, {"tokens": 30, "seconds": 0.28, "prefill": 0.04}]
+    compared = compare_rows(0.008, rows)
+    assert compared["measured_ms_per_token"] == pytest.approx(10.0) and compared["error"] == pytest.approx(-0.2)
+    assert compared["decoding_ms_per_token"] == pytest.approx(8.5) and compared["decoding_error"] == pytest.approx(0.008 / 0.0085 - 1)
+    older = compare_rows(0.008, [{k: v for k, v in row.items() if k != "prefill"} for row in rows])
+    assert "decoding_error" not in older and older["error"] == pytest.approx(-0.2)
 
 
 def test_calibration_uses_rows_measured_already_instead_of_decoding_again(target, near_draft):
