@@ -40,7 +40,8 @@ def calibrate(
 ) -> dict:
     """Modelled (replay of ``traces`` under ``profile``) against measured (live: plain decoding of ``target``
     and ``decoder``, a factory of the decoder running ``policy``; resumable from ``checkpoint``) seconds per
-    token, on the ``prompts`` the traces hold, with the traces' token budget. ``measured``: live rows of plain
+    token, on the ``prompts`` the traces hold, with the traces' token budget; plain decoding modelled as the
+    profile's one-token step at the context of each token it emits. ``measured``: live rows of plain
     and ``name`` on these prompts with that budget, taken already (grid search's live check), used as they are."""
     index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
     kept = [(prompt, ids) for prompt, ids in zip(prompts, prompt_ids, strict=True) if prompt["id"] in index]
@@ -57,7 +58,9 @@ def calibrate(
         if [row["id"] for row in live[name]] != wanted:
             raise ValueError(f"the rows given hold prompts {[row['id'] for row in live[name]]}, calibration needs {wanted}")
     records = play(ReplayBackend(traces, profile, max_depth), policy, [index[p["id"]] for p in prompts], traces.langs, decision_seconds)
-    modelled = {live_protocol.PLAIN: profile.target_step_seconds, name: sum(r.seconds for r in records) / sum(r.tokens for r in records)}
+    tokens = sum(r.tokens for r in records)
+    plain = sum(profile.verify_seconds(int(traces.prompt_lengths[r.prompt]) + t, 0) for r in records for t in range(r.tokens))
+    modelled = {live_protocol.PLAIN: plain / tokens, name: sum(r.seconds for r in records) / tokens}
     rows = {key: compare_rows(modelled[key], live[key]) for key in (live_protocol.PLAIN, name)}
     return {"policy": name, "prompts": len(prompts), "repeats": repeats, "profile_measured_at": profile.document.get("measured_at"), "rows": rows}
 
