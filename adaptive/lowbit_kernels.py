@@ -53,7 +53,7 @@ def available() -> bool:
     try:
         load(
             "adaptive_lowbit_matmul",
-            [str(SOURCE)],
+            [str(stable_source(folder))],
             extra_cflags=["-O3", "-march=native"],
             build_directory=str(folder),
             is_python_module=False,
@@ -65,6 +65,18 @@ def available() -> bool:
     torch.library.register_fake("adaptive::int4_matmul")(_fake_int4)
     torch.library.register_fake("adaptive::int8_matmul")(_fake_int8)
     return True
+
+
+def stable_source(folder: Path) -> Path:
+    """The kernels' source copied into ``folder`` (replaced only when its text changes): torch rebuilds whenever the
+    source's path differs, and every checkout or installation of the package has its own."""
+    copy = folder / SOURCE.name
+    text = SOURCE.read_bytes()
+    if not copy.exists() or copy.read_bytes() != text:
+        staged = folder / f"{SOURCE.name}.{os.getpid()}"
+        staged.write_bytes(text)
+        staged.replace(copy)  # atomic: a process building at the same time reads one whole file or the other
+    return copy
 
 
 def fits(rows: int, columns: int) -> bool:

@@ -74,3 +74,15 @@ def test_a_bf16_int4_target_on_the_kernels_verifies_compiled_as_uncompiled_and_d
     plain = generate_plain(target, PROMPT, max_new_tokens=40).token_ids
     assert SpeculativeDecoder(target, draft, StaticDepth(4)).generate(PROMPT, max_new_tokens=40).token_ids == plain
     assert TreeDecoder(target, draft, StaticDepth(3), TreeShape(2, 2, 6)).generate(PROMPT, max_new_tokens=40).token_ids == plain
+
+
+def test_the_build_reads_one_copy_of_the_source_per_machine_rewritten_only_when_it_changes(tmp_path):
+    """torch rebuilds an extension whose source path changed: every checkout builds from one copy in the cache."""
+    from adaptive.lowbit_kernels import SOURCE, stable_source
+
+    copy = stable_source(tmp_path)
+    assert copy.read_bytes() == SOURCE.read_bytes() and copy.parent == tmp_path
+    stamp = copy.stat().st_mtime_ns
+    assert stable_source(tmp_path) == copy and copy.stat().st_mtime_ns == stamp  # unchanged text: untouched
+    copy.write_text("// an older version")
+    assert stable_source(tmp_path).read_bytes() == SOURCE.read_bytes() and sorted(p.name for p in tmp_path.iterdir()) == [SOURCE.name]
