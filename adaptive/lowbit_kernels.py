@@ -7,7 +7,7 @@ weights to bf16 numbers (int4: two nibbles with three vector instructions; int8:
 multiplies them with ``vdpbf16ps`` (32 products per instruction) in blocks of 8 rows, each row computed alone in the
 same order whatever the block, so plain decoding and verification agree bit for bit.
 
-It is built at first use with ``torch.utils.cpp_extension`` into ``$ADAPTIVE_CACHE/extensions`` (about 30 s;
+It is built at first use with ``torch.utils.cpp_extension`` into ``$ADAPTIVE_CACHE/extensions``, once per torch installation (about 30 s;
 ``scripts/setup.sh`` builds it) where the CPU has AVX512-BF16 and a C++ compiler exists; elsewhere the low-bit
 engines keep torch's kernels, and :func:`adaptive.engines.resolve_engine` says which ones run.
 """
@@ -15,6 +15,7 @@ engines keep torch's kernels, and :func:`adaptive.engines.resolve_engine` says w
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def available() -> bool:
     """Build (once per machine) and load the kernels where they can run; True when ``torch.ops.adaptive`` has them."""
     if obstacle() is not None:
         return False
-    folder = cache_root() / "extensions"
+    folder = build_folder()
     folder.mkdir(parents=True, exist_ok=True)
     print(f"low-bit kernels: loading (built once into {folder}, about 30 s the first time)", file=sys.stderr, flush=True)
     try:
@@ -67,9 +68,16 @@ def available() -> bool:
     return True
 
 
+def build_folder() -> Path:
+    """``$ADAPTIVE_CACHE/extensions/<torch>``: one build per torch installation (its headers and libraries are in the
+    build's command line, so two environments sharing a folder would rebuild each other's)."""
+    digest = hashlib.sha256(f"{torch.__version__} {Path(torch.__file__).parent}".encode()).hexdigest()[:12]
+    return cache_root() / "extensions" / f"torch-{digest}"
+
+
 def stable_source(folder: Path) -> Path:
     """The kernels' source copied into ``folder`` (replaced only when its text changes): torch rebuilds whenever the
-    source's path differs, and every checkout or installation of the package has its own."""
+    source's path differs, and every checkout of the package has its own."""
     copy = folder / SOURCE.name
     text = SOURCE.read_bytes()
     if not copy.exists() or copy.read_bytes() != text:
