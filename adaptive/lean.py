@@ -340,7 +340,7 @@ class LeanLlama:
         group = heads // kv_heads
         x = self.embedding[token_ids]  # [n, hidden]
         cos, sin = self.rotary(positions)
-        if mask is None and (n > 1 or fused):
+        if mask is None and (n > 1 or fused):  # the fused attention region always takes a mask (the step's: all True)
             mask = causal_mask(n, start, token_ids.device)
         if mask is not None:  # query rows are ordered (head within its key/value group, token): [group·n, end]
             mask = mask.repeat(group, 1)
