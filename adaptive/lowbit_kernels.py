@@ -45,7 +45,8 @@ def obstacle() -> str | None:
 
 @functools.cache
 def available() -> bool:
-    """Build (once per machine) and load the kernels where they can run; True when ``torch.ops.adaptive`` has them."""
+    """Build (once per torch installation: :func:`build_folder`) and load the kernels where they can run; True when
+    ``torch.ops.adaptive`` has them."""
     if obstacle() is not None:
         return False
     folder = build_folder()

@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     pair = warm_pair("smollm2-135m", "auto", "auto")
-    prompts, prompt_ids = first_prompts(pair, "val", args.per_language)
+    _, prompt_ids = first_prompts(pair, "val", args.per_language)
     profile = CostProfile.load(args.profile) if args.profile else None
     tokens = prefill = forwards = total = rolled = live_steps = modelled = 0.0
     for _ in range(args.repeats):
