@@ -12,7 +12,8 @@ Positions count a row's own entries, so a row sees exactly what the same sequenc
 the same tokens at the same positions, nothing else.
 
 On a model with a lean engine attached (:func:`~adaptive.lean.make_lean`) the forward is the lean one
-(:meth:`~adaptive.lean.LeanLlama.batched`: its low-bit weights, uncompiled), else transformers'.
+(:meth:`~adaptive.lean.LeanLlama.batched`: its low-bit weights; under a compiled engine every forward after the rows'
+prefill runs on one compiled graph), else transformers'.
 
 With ``taps`` (as :class:`~adaptive.cached_model.CachedModel` takes them) each row also keeps the hidden
 states entering those layers at each of its positions, :attr:`BatchedCachedModel.tapped` (what a batched
@@ -27,7 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from adaptive.cached_model import cache_keyword, output_vocabulary
-from adaptive.lean import BatchedLeanCache
+from adaptive.lean import BatchedLeanCache, compile_batched
 
 COMPACT_SLACK = 64
 """Compact once the cache holds this many more columns than the longest row's entries (and twice as many)."""
@@ -42,8 +43,10 @@ class BatchedCachedModel:
         self.device = model.device
         self.dtype = next(model.parameters()).dtype
         self.engine = getattr(model, "lean_engine", None)
-        """The lean forward :func:`~adaptive.lean.make_lean` attached (its weights; never compiled here), else None:
-        transformers' forward."""
+        """The lean forward :func:`~adaptive.lean.make_lean` attached (a compiled one's batched forward compiled now,
+        once per engine), else None: transformers' forward."""
+        if self.engine is not None:
+            compile_batched(self.engine)
         self.cache_keyword = cache_keyword(model)
         self.vocabulary = output_vocabulary(model)
         """Sorted target ids of the columns the model scores, the others -inf (None: it scores all)."""
@@ -78,6 +81,7 @@ class BatchedCachedModel:
         self._append(newcomers)
         return logits
 
+    @torch.inference_mode()  # the cache stays inference tensors: a compiled forward's inputs keep one kind
     def _append(self, other: BatchedCachedModel) -> None:
         """Put ``other``'s rows after these (the cache widened to the wider of the two)."""
         width = max(self.columns, other.columns)
@@ -94,6 +98,7 @@ class BatchedCachedModel:
         self.lengths += other.lengths
         self.tapped += other.tapped
 
+    @torch.inference_mode()  # the cache stays inference tensors: a compiled forward's inputs keep one kind
     def remove_rows(self, rows: Sequence[int]) -> None:
         """Drop ``rows``; the others keep their order (and are renumbered 0..)."""
         keep = [r for r in range(self.rows) if r not in set(rows)]
@@ -153,6 +158,7 @@ class BatchedCachedModel:
             if self.columns > max(2 * max(self.lengths), max(self.lengths) + COMPACT_SLACK):
                 self.compact()
 
+    @torch.inference_mode()  # the cache stays inference tensors: a compiled forward's inputs keep one kind
     def compact(self) -> None:
         """Pack every row's entries into the first columns (in order), dropping the holes."""
         width = max(self.lengths, default=0)

@@ -140,34 +140,40 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
 
 
-@torch.compiler.nested_compile_region
 def attention_inputs(
     x: torch.Tensor, norm: torch.Tensor, eps: float, qkv: tuple, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int
 ) -> torch.Tensor:
     """A layer's rotated queries and keys, then its values, of the residual streams ``x [N, hidden]``:
-    ``[N, (heads + 2·kv_heads)·dim]``, one tensor (a region's outputs may not alias each other). Compiled once for
-    every layer (a nested compile region), which shortens compilation by a third."""
-    qkv = multiply(rms_norm(x, norm, eps), *qkv)
+    ``[N, (heads + 2·kv_heads)·dim]``, one tensor (a region's outputs may not alias each other)."""
     dim = cos.shape[-1]
-    qk = qkv[:, : (heads + kv_heads) * dim].view(len(x), heads + kv_heads, dim)
+    qkv = multiply(rms_norm(x, norm, eps), *qkv).view(len(x), heads + 2 * kv_heads, dim)  # viewed whole, then sliced: a
+    # slice's view would guard on the token count being 1 in the batched graph (:func:`size_oblivious`)
+    qk = qkv[:, : heads + kv_heads]
     qk = qk * cos + torch.cat((-qk[..., dim // 2 :], qk[..., : dim // 2]), dim=-1) * sin  # rotary, queries and keys at once
-    return torch.cat((qk.reshape(len(x), -1), qkv[:, (heads + kv_heads) * dim :]), dim=-1)
+    return torch.cat((qk, qkv[:, heads + kv_heads :]), dim=1).view(len(x), -1)
 
 
-@torch.compiler.nested_compile_region
 def layer_output(x: torch.Tensor, attended: torch.Tensor, out: tuple, norm: torch.Tensor, eps: float, gate_up: tuple, down: tuple) -> torch.Tensor:
     """A layer's output streams: ``x [N, hidden]`` plus the projected attention (``attended [N, heads·dim]``), plus
-    the MLP of that (a nested compile region, as :func:`attention_inputs`)."""
+    the MLP of that."""
     x = x + multiply(attended, *out)
     gate, up = multiply(rms_norm(x, norm, eps), *gate_up).chunk(2, dim=-1)
     return x + multiply(F.silu(gate) * up, *down)
+
+
+attention_region = torch.compiler.nested_compile_region(attention_inputs)
+""":func:`attention_inputs` as a nested compile region: compiled once for every layer of a one-sequence graph, which
+shortens compilation by a third. The batched graph inlines the function instead: a region's inputs may not have sizes
+that are products of the graph's (rows × tokens), which its wrapper cannot bind in torch 2.13."""
+output_region = torch.compiler.nested_compile_region(layer_output)
+""":func:`layer_output` as a nested compile region, as :data:`attention_region`."""
 
 
 @torch.compiler.nested_compile_region
 def layer_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """A layer's attention ``[n, heads·dim]`` of its rotated ``queries [n, heads, dim]`` over the cache's ``keys`` and
     ``values`` ``[kv_heads, capacity, dim]``, slots ``[0, L)`` where ``mask [group·n, L]`` allows (a nested compile
-    region, as :func:`attention_inputs`)."""
+    region, as :data:`attention_region`)."""
     n, heads, dim = queries.shape
     grouped = queries.transpose(0, 1).reshape(kv_heads, heads // kv_heads * n, dim)
     end = mask.shape[-1]
@@ -175,15 +181,33 @@ def layer_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     return attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim)
 
 
+def batched_attention(projected: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
+    """Several rows' attention ``[B·n, heads·dim]`` of their rotated queries over the cache's ``keys`` and ``values``
+    ``[B, kv_heads, C, dim]`` followed by their own new keys and values, where ``allowed [B, n, C + n]`` says
+    (``projected [B, n, (heads + 2·kv_heads)·dim]``: :func:`attention_inputs`); and the cache's keys and values with
+    the new ones appended. Written with views and fresh tensors only, never a reshape of a strided view: under sizes
+    compiled as any (:func:`size_oblivious`) such a reshape guards on a size being 1."""
+    rows, n = projected.shape[:2]
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    group = heads // kv_heads
+    queries, new_keys, new_values = projected.view(rows, n, heads + 2 * kv_heads, dim).split((heads, kv_heads, kv_heads), dim=2)
+    keys, values = torch.cat((keys, new_keys.transpose(1, 2)), dim=2), torch.cat((values, new_values.transpose(1, 2)), dim=2)
+    queries = queries.clone(memory_format=torch.contiguous_format)  # a fresh tensor views freely
+    grouped = queries.view(rows, n, kv_heads, group, dim).permute(0, 2, 3, 1, 4)  # [B, kv_heads, group, n, dim]
+    attended = fused_attention(grouped, keys[:, :, None], values[:, :, None], allowed[:, None, None])
+    attended = attended.permute(0, 3, 1, 2, 4).clone(memory_format=torch.contiguous_format)  # [B, n, kv_heads, group, dim]
+    return attended.view(rows * n, heads * dim), keys, values
+
+
 def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Softmax attention of the queries ``[kv_heads, rows, dim]`` over ``keys``/``values`` ``[kv_heads, L, dim]``
-    where ``mask [rows, L]`` allows (everywhere when None), written as products and sums that inductor fuses into one
-    loop (in float32 for 16-bit activations)."""
+    """Softmax attention of the queries ``[..., kv_heads, rows, dim]`` over ``keys``/``values`` ``[..., kv_heads, L, dim]``
+    where ``mask`` (``[rows, L]``, or broadcasting to the scores ``[..., kv_heads, rows, L]``) allows (everywhere when
+    None), written as products and sums that inductor fuses into one loop (in float32 for 16-bit activations)."""
     compute = torch.float32 if queries.dtype in (torch.bfloat16, torch.float16) else queries.dtype
-    scores = (queries.to(compute)[:, :, None, :] * keys.to(compute)[:, None, :, :]).sum(-1) * queries.shape[-1] ** -0.5
+    scores = (queries.to(compute)[..., :, None, :] * keys.to(compute)[..., None, :, :]).sum(-1) * queries.shape[-1] ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(-1)[..., None] * values.to(compute)[:, None, :, :]).sum(-2).to(queries.dtype)
+    return (scores.softmax(-1)[..., None] * values.to(compute)[..., None, :, :]).sum(-2).to(queries.dtype)
 
 
 class LeanLinear(nn.Module):
@@ -269,6 +293,11 @@ class LeanLlama:
         self.verify = torch.compile(own_code(self._verify), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
         """2 to :data:`VERIFY_MAX` tokens under a mask (a chain's or a tree's verification), compiled as :attr:`step`,
         dynamic in the token count too."""
+        self.batch = torch.compile(own_code(self._batch), dynamic=None, fullgraph=True, options={"guard_filter_fn": inputs_only}) if compiled else None
+        """Several rows' next tokens (the batched decoder's rounds, :meth:`batched`), compiled as :attr:`step` (on
+        first use: :func:`compile_batched`), dynamic in rows, tokens per row and cache columns from its first call."""
+        self.batch_compiled = False
+        """Whether :func:`compile_batched` has compiled :attr:`batch`."""
 
     def new_cache(self) -> KVCache:
         """An empty cache for one sequence."""
@@ -367,13 +396,13 @@ class LeanLlama:
         """Layer ``index``'s rotated queries ``[N, heads, dim]``, rotated keys and values ``[N, kv_heads, dim]`` of
         the residual streams ``x [N, hidden]`` (cos and sin ``[N, 1, dim]``)."""
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        projected = attention_inputs(x, self.norms[index][0], self.eps, self.qkv[index].parts, cos, sin, heads, kv_heads)
+        projected = attention_region(x, self.norms[index][0], self.eps, self.qkv[index].parts, cos, sin, heads, kv_heads)
         queries, keys, values = projected.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
         return queries.view(len(x), heads, dim), keys.view(len(x), kv_heads, dim), values.view(len(x), kv_heads, dim)
 
     def _finish(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Layer ``index``'s output streams of ``x [N, hidden]`` and its attention ``attended [N, heads·dim]``."""
-        return layer_output(x, attended, self.out[index].parts, self.norms[index][1], self.eps, self.gate_up[index].parts, self.down[index].parts)
+        return output_region(x, attended, self.out[index].parts, self.norms[index][1], self.eps, self.gate_up[index].parts, self.down[index].parts)
 
     @torch.inference_mode()
     def batched(
@@ -382,26 +411,65 @@ class LeanLlama:
         """Several sequences at once (the batched decoder's forward): logits ``[B, n, V]`` of ``token_ids [B, n]`` at
         rotary ``positions [B, n]``, their keys and values appended to each layer of ``cache`` (``[B, kv_heads, C, dim]``
         each, C growing by n), attending where ``allowed [B, n, C + n]`` says; and the residual streams entering the
-        ``taps`` layers ``[B, n, hidden]`` each."""
+        ``taps`` layers ``[B, n, hidden]`` each. A compiled engine runs up to :data:`VERIFY_MAX` tokens per row after
+        the rows' first entries through :attr:`batch`; the rows' prefill runs uncompiled."""
+        keys, values = [layer.keys for layer in cache], [layer.values for layer in cache]
+        prefill = keys[0] is None or keys[0].shape[2] == 0 or token_ids.shape[1] > VERIFY_MAX
+        if self.batch is None or prefill:
+            logits, states, keys, values = self._batched(token_ids, positions, keys, values, allowed, fused=False)
+        else:
+            with torch.compiler.config.patch(dynamic_sources=BATCH_DYNAMIC), size_oblivious():
+                logits, stacked, keys, values = self.batch(token_ids, positions, keys, values, allowed)
+            states = list(stacked)
+        for layer, layer_keys, layer_values in zip(cache, keys, values):
+            layer.keys, layer.values = layer_keys, layer_values
+        return logits, [states[index] for index in taps]
+
+    def _batch(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], allowed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The compiled batched forward's body: as :meth:`_batched`, every layer's residual stream stacked ``[layers + 1,
+        B, n, hidden]``."""
+        logits, states, keys, values = self._batched(token_ids, positions, keys, values, allowed, fused=True)
+        return logits, torch.stack(states), keys, values
+
+    def _batched(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor | None],
+        values: list[torch.Tensor | None],
+        allowed: torch.Tensor,
+        fused: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """:meth:`batched`'s work on the cache's tensors (None: no entries yet): the logits, every layer's incoming
+        residual stream and the final normed one ``[B, n, hidden]``, and each layer's keys and values with the new
+        columns appended."""
         rows, n = token_ids.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
         x = self.embedding[token_ids].reshape(rows * n, -1)
         cos, sin = self.rotary(positions.reshape(-1))
-        mask = allowed.repeat(1, group, 1)[:, None]  # query rows ordered (head within its group, token), as in _forward
-        tapped = []
+        states, all_keys, all_values = [], [], []
         for index in range(self.layers):
-            if index in taps:
-                tapped.append(x.view(rows, n, -1))
-            queries, keys, values = self._project(index, x, cos, sin)
-            cache[index].append(keys.view(rows, n, kv_heads, dim).transpose(1, 2), values.view(rows, n, kv_heads, dim).transpose(1, 2))
-            queries = queries.reshape(rows, n, heads, dim).transpose(1, 2).reshape(rows, kv_heads, group * n, dim)
-            attended = F.scaled_dot_product_attention(queries, cache[index].keys, cache[index].values, attn_mask=mask)
-            x = self._finish(index, x, attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
+            states.append(x.view(rows, n, -1))
+            if fused:
+                projected = attention_inputs(x, self.norms[index][0], self.eps, self.qkv[index].parts, cos, sin, heads, kv_heads)
+                attended, layer_keys, layer_values = batched_attention(projected.view(rows, n, -1), keys[index], values[index], allowed, heads)
+                x = layer_output(x, attended, self.out[index].parts, self.norms[index][1], self.eps, self.gate_up[index].parts, self.down[index].parts)
+            else:
+                queries, new_keys, new_values = (t.view(rows, n, -1, dim).transpose(1, 2) for t in self._project(index, x, cos, sin))
+                layer_keys, layer_values = (  # contiguous, as the compiled graph's inputs always are
+                    new.contiguous() if old is None else torch.cat((old, new), dim=2) for old, new in ((keys[index], new_keys), (values[index], new_values))
+                )
+                grouped = queries.reshape(rows, kv_heads, group * n, dim)  # query rows: head within its group, token
+                attended = F.scaled_dot_product_attention(grouped, layer_keys, layer_values, attn_mask=allowed.repeat(1, group, 1)[:, None])
+                x = self._finish(index, x, attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
+            all_keys.append(layer_keys)
+            all_values.append(layer_values)
         x = rms_norm(x, self.final_norm, self.eps)
-        if self.layers in taps:
-            tapped.append(x.view(rows, n, -1))
-        return self.head(x).view(rows, n, -1), tapped
+        states.append(x.view(rows, n, -1))
+        return self.head(x).view(rows, n, -1), states, all_keys, all_values
 
 
 class BatchedLayer:
@@ -411,12 +479,6 @@ class BatchedLayer:
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Add columns ``[B, kv_heads, n, dim]`` after the ones held."""
-        held = self.keys is not None and self.keys.numel() > 0
-        self.keys = torch.cat((self.keys, keys), dim=2) if held else keys
-        self.values = torch.cat((self.values, values), dim=2) if held else values
 
 
 class BatchedLeanCache:
@@ -546,6 +608,14 @@ VERIFY_DYNAMIC = STEP_DYNAMIC + r",L\['(token_ids|positions|mask)'\]"
 """What varies between verifications: as :data:`STEP_DYNAMIC`, and the token count."""
 VERIFY_MAX = 16
 """The most tokens a compiled verification takes; longer forwards (a prompt's prefill) run uncompiled."""
+BATCH_DYNAMIC = r"L\['(token_ids|positions|allowed)'\],L\['(keys|values)'\]\[\d+\]:0,L\['(keys|values)'\]\[\d+\]:2"
+"""What varies between batched forwards: rows, tokens per row and cache columns."""
+
+
+def size_oblivious():
+    """Compile sizes of 1 as any other size (one row, one token per row): dynamo would otherwise specialise them,
+    a recompile in mid-serving."""
+    return torch.fx.experimental._config.patch(backed_size_oblivious=True)
 
 
 def causal_mask(n: int, start: int, device: torch.device) -> torch.Tensor:
@@ -570,6 +640,27 @@ def compile_step(model: PreTrainedModel, engine: LeanLlama) -> None:
                 session.rollback(context + 1)
             session.rollback(0)
             progress.update()
+
+
+@torch.inference_mode()  # the decoders' inputs are inference tensors: a compiled graph's guards tell the kinds apart
+def compile_batched(engine: LeanLlama) -> None:
+    """Compile ``engine``'s batched forward (:attr:`LeanLlama.batch`) before any timed work, once per engine, with a
+    progress bar: a few rows' prefill, then forwards of other row and token counts, one of them a single row of one
+    token, which run on the same graph. Nothing to do for an uncompiled engine."""
+    if engine.batch is None or engine.batch_compiled:
+        return
+    use_inductor_cache()
+    description = f"compiling the lean batched forward (cache: {os.environ['TORCHINDUCTOR_CACHE_DIR']})"
+    with tqdm(total=2, desc=description, unit="shape") as progress:
+        for rows, n in ((3, 2), (1, 1)):
+            cache, context = BatchedLeanCache(engine.layers).layers, 4
+            for start, count in ((0, context), (context, n)):
+                ids = torch.zeros(rows, count, dtype=torch.long, device=engine.device)
+                positions = torch.arange(start, start + count, device=engine.device).repeat(rows, 1)
+                allowed = causal_mask(count, start, engine.device).repeat(rows, 1, 1)
+                engine.batched(ids, positions, cache, allowed)
+            progress.update()
+    engine.batch_compiled = True
 
 
 def use_inductor_cache() -> None:

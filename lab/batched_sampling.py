@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive.lean import BatchedLayer, BatchedLeanCache, LeanLlama
+from adaptive.lean import BatchedLayer, BatchedLeanCache, LeanLlama, compile_batched
 
 
 def next_tokens(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +100,7 @@ def continue_many(
     and the continuation's mean log-probability per token under the distribution it was drawn from. New prompts
     join (in order) whenever a quarter of the batch has left. ``between_steps`` is called before every forward
     (background work yields to live measurements there)."""
+    compile_batched(engine)
     waiting = list(range(len(prompts)))[::-1]
     outputs: dict[int, list[int]] = {}
     scores: dict[int, float] = {}

@@ -1,20 +1,26 @@
 """The AVX512-BF16 low-bit kernels (adaptive/lowbit_kernels.py): products equal to the weights they pack, each row
 computed alone (verification and plain decoding agree bit for bit), sizes that do not pack refused; a bf16 int4 target
-on them, its compiled verification equal to the uncompiled forward, every decoder greedy-identical to plain decoding."""
+on them, its compiled verification and batched forward equal to the uncompiled ones, every decoder greedy-identical to
+plain decoding."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 from conftest import tiny_llama
 
 from adaptive import SpeculativeDecoder
+from adaptive.batch_decoder import BatchedSpeculativeDecoder
+from adaptive.batched_model import BatchedCachedModel
 from adaptive.decoder import generate_plain
 from adaptive.lean import GROUP, LeanCache, Product, make_lean
 from adaptive.lowbit_kernels import available, obstacle, pack_int4
 from adaptive.tree import TreeShape
 from adaptive.tree_decoder import TreeDecoder
 from policies import StaticDepth
+from policies.batch import make_batch_policy
 
 pytestmark = pytest.mark.skipif(obstacle() is not None or not available(), reason=f"the low-bit kernels do not run here: {obstacle()}")
 
@@ -55,12 +61,18 @@ def test_sizes_that_do_not_pack_are_refused_naming_them():
     assert Product(torch.randn(24, 64), "int8", torch.bfloat16).kernel == "int8"
 
 
+@pytest.fixture(scope="module")
+def compiled_target():
+    """A bf16 tiny Llama on compiled-int4 (step and verification compiled at once)."""
+    return make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4", compiled=True)
+
+
 @pytest.mark.slow
-def test_a_bf16_int4_target_on_the_kernels_verifies_compiled_as_uncompiled_and_decodes_as_plain():
+def test_a_bf16_int4_target_on_the_kernels_verifies_compiled_as_uncompiled_and_decodes_as_plain(compiled_target):
     """compiled-int4 on a bf16 Llama: its products run on the kernels (the output head's int8 too); verifications of
     2 to 9 tokens through the compiled graph give the uncompiled forward's logits up to bf16 rounding (a wrong mask or
     rotary is off by far more); chains and trees emit plain decoding's tokens."""
-    target = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4", compiled=True)
+    target = compiled_target
     twin = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
     engine = target.lean_engine
     assert {engine.qkv[0].kernel, engine.down[0].kernel, engine.head.kernel} == {"int4-dot", "int8-dot"}
@@ -74,6 +86,49 @@ def test_a_bf16_int4_target_on_the_kernels_verifies_compiled_as_uncompiled_and_d
     plain = generate_plain(target, PROMPT, max_new_tokens=40).token_ids
     assert SpeculativeDecoder(target, draft, StaticDepth(4)).generate(PROMPT, max_new_tokens=40).token_ids == plain
     assert TreeDecoder(target, draft, StaticDepth(3), TreeShape(2, 2, 6)).generate(PROMPT, max_new_tokens=40).token_ids == plain
+
+
+@pytest.mark.slow
+def test_the_compiled_batched_forward_runs_every_batch_on_one_graph_as_the_uncompiled_one(compiled_target):
+    """The batched cache on compiled-int4 against the same weights uncompiled, through rows joining, leaving and rolled
+    back, 1 to 5 rows of 0 to 5 tokens (one row of one token included): the same logits up to bf16 rounding, with no
+    compile after the first (dynamo is told to fail on one); the batched decoder emits plain decoding's tokens."""
+    twin = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
+    compiled, uncompiled = BatchedCachedModel(compiled_target), BatchedCachedModel(twin)
+    assert compiled_target.lean_engine.batch_compiled and not twin.lean_engine.batch_compiled
+    rng, shapes = random.Random(0), set()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for model in (compiled, uncompiled):
+            model.add_rows([PROMPT[:5], PROMPT[3:]])
+        for _ in range(40):
+            action = rng.random()
+            if action < 0.1 and compiled.rows < 5:
+                joining = [PROMPT[: rng.randrange(1, 8)]]
+                for model in (compiled, uncompiled):
+                    model.add_rows(joining)
+            elif action < 0.2 and compiled.rows > 1:
+                gone = rng.randrange(compiled.rows)
+                for model in (compiled, uncompiled):
+                    model.remove_rows([gone])
+            elif action < 0.35:
+                row = rng.randrange(compiled.rows)
+                length = rng.randrange(1, compiled.lengths[row] + 1)
+                for model in (compiled, uncompiled):
+                    model.rollback(row, length)
+            feeds = [[rng.randrange(16) for _ in range(rng.choice([0, 1, 1, 2, 5]))] for _ in range(compiled.rows)]
+            if compiled.rows == 1 and rng.random() < 0.5:
+                feeds = [[rng.randrange(16)]]
+            shapes.add((compiled.rows, max(map(len, feeds))))
+            for mine, theirs in zip(compiled.forward(feeds), uncompiled.forward(feeds)):
+                if mine.numel():
+                    expected = theirs.float()
+                    torch.testing.assert_close(mine.float(), expected, rtol=0, atol=0.03 * expected.abs().max().item())
+    assert (1, 1) in shapes and len(shapes) >= 6
+    prompts = [PROMPT, PROMPT[:4], PROMPT[5:], [9, 1]]
+    draft = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
+    results = BatchedSpeculativeDecoder(compiled_target, draft, make_batch_policy("static:4"), max_depth=6, max_batch=3).generate(prompts, 30)
+    for prompt, result in zip(prompts, results):
+        assert result.token_ids == generate_plain(compiled_target, prompt, 30).token_ids
 
 
 def test_the_build_reads_one_copy_of_the_source_per_machine_rewritten_only_when_it_changes(tmp_path):
