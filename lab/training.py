@@ -208,7 +208,7 @@ class TrainingRun:
         env = self.config.env
         if not env.tree:
             return None
-        path = Path(env.traces) if env.traces.endswith(".npz") else default_traces(env.traces, self.config.pair, tree=True)
+        path = Path(env.traces) if env.traces.endswith(".npz") else default_traces(env.traces, self.config.pair, tree=True, engine=self.profile.engine)
         recorded = TreeTraceSet.read_metadata(path)
         return {"branching": recorded["branching"], "width": recorded["width"], "size": env.tree_size}
 
