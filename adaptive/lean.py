@@ -419,8 +419,7 @@ class LeanLlama:
             logits, states, keys, values = self._batched(token_ids, positions, keys, values, allowed, fused=False)
         else:
             with torch.compiler.config.patch(dynamic_sources=BATCH_DYNAMIC), size_oblivious():
-                logits, stacked, keys, values = self.batch(token_ids, positions, keys, values, allowed)
-            states = list(stacked)
+                logits, states, keys, values = self.batch(token_ids, positions, keys, values, allowed)  # states stacked: indexed alike
         for layer, layer_keys, layer_values in zip(cache, keys, values):
             layer.keys, layer.values = layer_keys, layer_values
         return logits, [states[index] for index in taps]

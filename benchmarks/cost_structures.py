@@ -11,9 +11,11 @@ prompts; the oracle's headroom over grid search, the learned policy and ``confid
 bootstrap over prompts), and the share of the oracle's gain over grid search that the learned policy captures.
 A learned decision is charged ``--decision-seconds`` per round step, as in training.
 
-Run: .venv/bin/python benchmarks/cost_structures.py \\
-    --case eager profiles/smollm2-135m-bf16.json eager benchmarks/kept-policies/quickstart \\
-    --case compiled-int4 benchmarks/kept-policies/quickstart-kernels/training-profile.json compiled-int4 benchmarks/kept-policies/quickstart-kernels
+Run (each policy with the profile it was trained on; benchmarks/results/cost-structures.md):
+    .venv/bin/python benchmarks/cost_structures.py \\
+        --case eager profiles/smollm2-135m.json eager benchmarks/kept-policies/quickstart \\
+        --case compiled-int4 benchmarks/kept-policies/quickstart-kernel-traces/training-profile.json compiled-int4 \\
+            benchmarks/kept-policies/quickstart-kernel-traces
 """
 
 from __future__ import annotations
