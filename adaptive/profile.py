@@ -51,6 +51,9 @@ class CostProfile:
     round_work_ms: dict[str, float] | None = None
     """The decoder's own work per round outside model forwards, fitted: ``draft_fixed_ms`` + ``draft_token_ms`` per
     drafted token, ``verify_fixed_ms`` + ``verify_token_ms`` per verified token (older profiles: none, charged 0)."""
+    prefill_ms: dict[str, dict[str, float]] | None = None
+    """A generation's time outside its rounds (prompt prefill and set-up) by decoding kind (``plain``, ``speculative``),
+    fitted: ``fixed_ms`` + ``token_ms`` per prompt token (profiles measured before 2026-12-07 have none)."""
     document: dict = field(default_factory=dict, repr=False, compare=False)
     """The JSON document this profile was read from or measured as (empty for one built in code)."""
 
@@ -74,6 +77,7 @@ class CostProfile:
             draft_run_ms=tuple(tuple(p["median_ms"] for p in document["draft_run"][str(c)]) for c in contexts) if "draft_run" in document else None,
             catch_up_ms=tuple(tuple(p["median_ms"] for p in document["draft_catch_up"][str(c)]) for c in contexts) if document.get("draft_catch_up") else None,
             round_work_ms=dict(document["round_work"]) if "round_work" in document else None,
+            prefill_ms={kind: dict(document["prefill"][kind]) for kind in ("plain", "speculative")} if "prefill" in document else None,
             document=document,
         )
 
@@ -180,6 +184,14 @@ class CostProfile:
         """The decoder's own work in verifying ``size`` tokens, outside the target's forward (0 if not measured)."""
         work = self.round_work_ms
         return 0.0 if work is None else (work["verify_fixed_ms"] + size * work["verify_token_ms"]) / 1e3
+
+    def prefill_seconds(self, prompt_length: int, speculative: bool) -> float:
+        """A generation's time outside its rounds for a prompt of ``prompt_length`` tokens: the prompt's prefill
+        through the target (and the draft, ``speculative``) and per-call set-up."""
+        if self.prefill_ms is None:
+            raise ValueError("this profile has no prefill time (measured before 2026-12-07); measure a new one (adaptive profile, or --profile auto)")
+        fitted = self.prefill_ms["speculative" if speculative else "plain"]
+        return (fitted["fixed_ms"] + prompt_length * fitted["token_ms"]) / 1e3
 
     def copy_seconds(self, context: int) -> float:
         """One copy-drafter step at this context length."""

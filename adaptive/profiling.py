@@ -17,7 +17,7 @@ from adaptive.batch_profile import FORMAT as BATCH_PROFILE_FORMAT
 from adaptive.batched_head import batched_sessions
 from adaptive.cached_model import CachedModel
 from adaptive.copy_draft import CopyDraft
-from adaptive.decoder import SpeculativeDecoder
+from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.drafts import HeadSession, draft_session, target_taps
 from adaptive.engines import engine_of
 from adaptive.generation import Clock
@@ -40,6 +40,8 @@ next one, n = accepted + 1; a head reads the target's states at them, in one bat
 profile times that step for n = 1..CATCH_UP, each right after a target forward of n tokens (``draft_catch_up``);
 replay charges it by the last round's acceptance."""
 ROUND_WORK_TOKENS = 96
+PREFILL_LENGTHS = (32, 96, 192)
+"""Prompt lengths at which a generation's prefill is timed (``prefill``; the workload's prompts run 36..197 tokens)."""
 """Tokens of the short decode that measures the decoder's own work per round (``round_work``)."""
 SAME_MACHINE_KEYS = ("processor", "matrix_flags", "cpu_count", "torch_threads", "torch", "device", "gpu")
 """The entries of :func:`hardware_description` that must agree for timings to carry from one machine to another
@@ -175,6 +177,28 @@ def round_work(target, draft, context: list[int], max_depth: int, repetitions: i
     return {**fitted, "rounds": len(rounds)}
 
 
+def prefill_work(target, draft, lengths: tuple[int, ...], repetitions: int, generator: torch.Generator) -> dict:
+    """A generation's time outside its rounds, as live decoding reports it (``GenerationResult.prefill_time``: the
+    prompt's forward through the target, and the draft for speculative decoding, and per-call set-up), timed at each
+    prompt length in ``lengths`` (lengths interleaved, one warm-up sweep) and fitted as fixed + per prompt token, in ms,
+    for plain and for speculative decoding."""
+    decoder = SpeculativeDecoder(target, draft, _CyclingDepths(1), max_depth=1)
+    prompts = [torch.randint(0, target.config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    runs = {"plain": lambda ids: generate_plain(target, ids, 1), "speculative": lambda ids: decoder.generate(ids, 1)}
+    seconds: dict[str, list[list[float]]] = {kind: [[] for _ in lengths] for kind in runs}
+    for sweep in range(repetitions + 1):
+        for i, ids in enumerate(prompts):
+            for kind, run in runs.items():
+                measured = run(ids).prefill_time
+                if sweep:
+                    seconds[kind][i].append(measured * 1e3)
+    fitted = {}
+    for kind, points in seconds.items():
+        fixed, per_token = _fit_line(list(lengths), [statistics.median(p) for p in points])
+        fitted[kind] = {"fixed_ms": fixed, "token_ms": per_token, "median_ms": [statistics.median(p) for p in points]}
+    return {"lengths": list(lengths), **fitted}
+
+
 def profile_pair(
     target,
     draft,
@@ -245,6 +269,7 @@ def profile_pair(
     if max_verify >= 2:
         context = torch.randint(0, vocab, (reference_context,), generator=generator).tolist()
         result["round_work"] = round_work(target, draft, context, min(max_verify - 1, CATCH_UP), repetitions=2)
+    result["prefill"] = prefill_work(target, draft, PREFILL_LENGTHS, repetitions=2, generator=generator)
     summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")

@@ -8,7 +8,7 @@ reader whether the replay numbers describe this machine now; a large one is flag
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adaptive.policy import DraftPolicy
@@ -16,7 +16,7 @@ from adaptive.profile import CostProfile
 from adaptive.traces import TraceSet
 from envs.replay import ReplayBackend
 from lab import live_protocol
-from lab.evaluation import play
+from lab.evaluation import PromptRecord, play
 
 WARN_ABOVE = 0.15
 """Relative error beyond which the report warns that replay and this machine disagree."""
@@ -57,24 +57,94 @@ def calibrate(
         live = {key: [row for row in measured[key] if row["id"] in wanted] for key in (live_protocol.PLAIN, name)}
         if [row["id"] for row in live[name]] != wanted:
             raise ValueError(f"the rows given hold prompts {[row['id'] for row in live[name]]}, calibration needs {wanted}")
-    records = play(ReplayBackend(traces, profile, max_depth), policy, [index[p["id"]] for p in prompts], traces.langs, decision_seconds)
-    tokens = sum(r.tokens for r in records)
-    plain = sum(profile.verify_seconds(int(traces.prompt_lengths[r.prompt]) + t, 0) for r in records for t in range(r.tokens))
-    modelled = {live_protocol.PLAIN: plain / tokens, name: sum(r.seconds for r in records) / tokens}
-    rows = {key: compare_rows(modelled[key], live[key]) for key in (live_protocol.PLAIN, name)}
+    ids = [prompt["id"] for prompt in prompts]
+    rows = {
+        live_protocol.PLAIN: compare_rows(modelled(traces, profile, ids, None, max_depth, decision_seconds), live[live_protocol.PLAIN]),
+        name: compare_rows(modelled(traces, profile, ids, policy, max_depth, decision_seconds), live[name]),
+    }
     return {"policy": name, "prompts": len(prompts), "repeats": repeats, "profile_measured_at": profile.document.get("measured_at"), "rows": rows}
 
 
-def compare_rows(modelled: float, rows: list[dict]) -> dict:
-    """Modelled seconds per token against live ``rows``: the whole call, and without the prefill (which replay does
-    not model) where the rows hold it."""
+def modelled(traces: TraceSet, profile: CostProfile, ids: list[str], policy: Callable[[], DraftPolicy] | None, max_depth: int, decision_seconds: float) -> dict:
+    """What replay models for ``policy`` (None: plain decoding) on the traced prompts ``ids``: :func:`plain_model`, or
+    :func:`records_model` of the policy's replayed generations."""
+    index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
+    missing = [i for i in ids if i not in index]
+    if missing:
+        raise ValueError(f"prompts {missing} have no recorded trace")
+    prompts = [index[i] for i in ids]
+    if policy is None:
+        return plain_model(traces, profile, prompts)
+    return records_model(play(ReplayBackend(traces, profile, max_depth), policy, prompts, traces.langs, decision_seconds), traces.prompt_lengths, profile)
+
+
+def plain_model(traces: TraceSet, profile: CostProfile, prompts: list[int]) -> dict:
+    """Plain decoding of the traced ``prompts`` (indices) as replay models it: the profile's one-token step at the
+    context of each token the trace emits, and the profile's plain prefill per prompt (None where it predates it)."""
+    lengths = [int(traces.prompt_lengths[i]) for i in prompts]
+    emitted = [int(traces.offsets[i + 1] - traces.offsets[i]) for i in prompts]
+    seconds = sum(profile.verify_seconds(length + t, 0) for length, n in zip(lengths, emitted) for t in range(n))
+    prefill = sum(profile.prefill_seconds(length, speculative=False) for length in lengths) if profile.prefill_ms else None
+    return {"tokens": sum(emitted), "seconds": seconds, "prefill": prefill}
+
+
+def records_model(records: Sequence[PromptRecord], prompt_lengths: Sequence[int], profile: CostProfile) -> dict:
+    """Replayed generations of a speculative decoder: emitted tokens, the rounds' seconds, and the profile's speculative
+    prefill for each prompt (``prompt_lengths`` by the records' prompt index; None where the profile predates it)."""
+    prefill = sum(profile.prefill_seconds(int(prompt_lengths[r.prompt]), speculative=True) for r in records) if profile.prefill_ms else None
+    return {"tokens": sum(r.tokens for r in records), "seconds": sum(r.seconds for r in records), "prefill": prefill}
+
+
+def compare_rows(model: dict, rows: list[dict]) -> dict:
+    """:func:`modelled` seconds per token against live ``rows``: the whole call (with the prefill, where the profile
+    models it), and without the prefill on both sides where the rows hold it."""
     tokens = sum(r["tokens"] for r in rows)
     measured = sum(r["seconds"] for r in rows) / tokens
-    compared = {"modelled_ms_per_token": modelled * 1e3, "measured_ms_per_token": measured * 1e3, "error": modelled / measured - 1}
+    decoding = model["seconds"] / model["tokens"]
+    whole = decoding if model["prefill"] is None else (model["seconds"] + model["prefill"]) / model["tokens"]
+    compared = {
+        "modelled_ms_per_token": whole * 1e3,
+        "measured_ms_per_token": measured * 1e3,
+        "error": whole / measured - 1,
+        "prefill_modelled": model["prefill"] is not None,
+    }
     if all("prefill" in r for r in rows):  # rows of checkpoints older than the field lack it
-        decoding = measured - sum(r["prefill"] for r in rows) / tokens
-        compared |= {"decoding_ms_per_token": decoding * 1e3, "decoding_error": modelled / decoding - 1}
+        measured_decoding = measured - sum(r["prefill"] for r in rows) / tokens
+        compared |= {
+            "decoding_modelled_ms_per_token": decoding * 1e3,
+            "decoding_ms_per_token": measured_decoding * 1e3,
+            "decoding_error": decoding / measured_decoding - 1,
+        }
     return compared
+
+
+def live_modelled(
+    live: dict[str, list[dict]], policies: dict[str, Callable[[], DraftPolicy]], traces: TraceSet, profile: CostProfile, max_depth: int, decision_seconds: float
+) -> dict:
+    """Modelled against measured seconds per token for every row of a live table (plain and each policy), on the
+    live prompts' recorded traces."""
+    ids = [row["id"] for row in live[live_protocol.PLAIN]]
+    return {
+        name: compare_rows(modelled(traces, profile, ids, None if name == live_protocol.PLAIN else policies[name], max_depth, decision_seconds), rows)
+        for name, rows in live.items()
+    }
+
+
+def modelled_table(rows: dict[str, dict]) -> list[str]:
+    """Markdown table of :func:`compare_rows` results by decoder: the whole call, and decoding alone."""
+    lines = [
+        "| decoder | modelled ms/token | measured ms/token | error | modelled without the prefill | measured without it | error without it |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, row in rows.items():
+        whole = f"{row['modelled_ms_per_token']:.1f}{'' if row.get('prefill_modelled') else ' (no prefill)'}"
+        decoding = (
+            f"{row['decoding_modelled_ms_per_token']:.1f} | {row['decoding_ms_per_token']:.1f} | {row['decoding_error']:+.1%}"
+            if "decoding_modelled_ms_per_token" in row
+            else "– | – | –"
+        )
+        lines.append(f"| {key} | {whole} | {row['measured_ms_per_token']:.1f} | {row['error']:+.1%} | {decoding} |")
+    return lines
 
 
 def calibration_lines(result: dict) -> list[str]:
@@ -83,12 +153,8 @@ def calibration_lines(result: dict) -> list[str]:
         "",
         f"## Calibration: replay against this machine now ({result['prompts']} val prompts, {result['repeats']}x each, live protocol)",
         "",
-        "| decoder | modelled ms/token | measured ms/token | error | measured without the prefill | error without it |",
-        "|---|---|---|---|---|---|",
+        *modelled_table(result["rows"]),
     ]
-    for key, row in result["rows"].items():
-        decoding = f"{row['decoding_ms_per_token']:.1f} | {row['decoding_error']:+.1%}" if "decoding_error" in row else "– | –"
-        lines.append(f"| {key} | {row['modelled_ms_per_token']:.1f} | {row['measured_ms_per_token']:.1f} | {row['error']:+.1%} | {decoding} |")
     worst = max(abs(row["error"]) for row in result["rows"].values())
     if worst > WARN_ABOVE:
         lines += [
@@ -98,7 +164,6 @@ def calibration_lines(result: dict) -> list[str]:
             f"{result['profile_measured_at']}; re-run with --profile auto). Replay numbers below are relative to that profile; "
             "the live table is the final word.",
         ]
-        decoding = [abs(row["decoding_error"]) for row in result["rows"].values() if "decoding_error" in row]
-        if len(decoding) == len(result["rows"]):
-            lines[-1] += f" Replay leaves the prompt's prefill out: without it the error is up to {max(decoding):.0%}."
+        if not all(row.get("prefill_modelled") for row in result["rows"].values()):
+            lines[-1] += " This profile predates the prefill's measurement: replay leaves the prompt's prefill out."
     return lines

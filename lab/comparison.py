@@ -24,7 +24,7 @@ from adaptive.workload import LANGUAGES
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from lab import live_protocol
-from lab.calibration import calibrate, calibration_lines
+from lab.calibration import calibrate, calibration_lines, live_modelled, modelled_table
 from lab.config import ExperimentConfig
 from lab.environments import decoding_engine, resolve_profile
 from lab.evaluation import (
@@ -234,12 +234,16 @@ def evaluate(
         live = live_comparison(config, pair, policies, live_per_language, new_tokens, repeats, checkpoint, identity, fitted["measured_as"])
     live_data = live_protocol.summarise(live) if live else {}
     gains = live_gains(live, policies) if live else {}
+    modelled = {}
+    if live and new_tokens == test.max_new_tokens:  # replay emits the traces' budget
+        modelled = live_modelled(live, policies, test, profile, config.env.max_depth, config.env.decision_seconds)
     result = {
         "fitted": fitted,
         "replay": replay_data,
         "choices": choice_bins,
         "live": live_data,
         "live_gains": gains,
+        "live_modelled": modelled,
         "test_prompts": len(test),
         "calibration": calibration,
         "profile_elsewhere": elsewhere,
@@ -361,6 +365,9 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_record
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
         lines += [f"- {name}: {same}'s rule, decoded once and shown under both names." for name, same in fitted["measured_as"].items()]
+    if result.get("live_modelled"):
+        lines += ["", "## Modelled against live: every row of the live table, replayed on the same prompts' test traces", ""]
+        lines += modelled_table(result["live_modelled"])
     lines += ["", "## Gains (all languages, [95 % paired bootstrap over prompts])", ""]
     replay = result["replay"]
     grid = next(n for n in replay if n.startswith("grid search"))
@@ -402,6 +409,9 @@ def _verdict(result: dict) -> list[str]:
     if result["calibration"]:
         worst = max(result["calibration"]["rows"].items(), key=lambda item: abs(item[1]["error"]))
         lines.append(f"- calibration: replay vs this machine, worst error {worst[1]['error']:+.1%} ({worst[0]})")
+    if result.get("live_modelled"):
+        worst = max(result["live_modelled"].items(), key=lambda item: abs(item[1]["error"]))
+        lines.append(f"- modelled vs live, every row of the live table: worst error {worst[1]['error']:+.1%} ({worst[0]})")
     lines.append(
         f"- plots: {result['out']}/plots; evaluation.json and this report in {result['out']}; W&B (offline by default): "
         f"{result['out']}/wandb (`wandb sync` uploads it)"

@@ -26,6 +26,7 @@ from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from envs.tree_replay import TreeReplayBackend
 from lab import live_protocol
+from lab.calibration import compare_rows, modelled_table, plain_model, records_model
 from lab.comparison import replay_table, track_comparison
 from lab.config import ExperimentConfig
 from lab.environments import decoding_engine, resolve_profile
@@ -81,6 +82,8 @@ def evaluate_trees(
     fitted.update(chain_best=chain_best, tree_best={"depth": tree_depth, "size": tree_size}, shape=shape.__dict__)
 
     test_chain, test_tree = chains["test"], trees["test"]
+    if list(test_tree.prompt_ids) != list(test_chain.prompt_ids):
+        raise ValueError("the test split's tree and chain traces hold different prompts: record them along the same outputs (data/traces/README.md)")
     chain_backend = ReplayBackend(test_chain, profile, depth)
     tree_backend = TreeReplayBackend(test_tree, profile, depth, tree_size)  # one backend; its default V is set per play
     replay: dict[str, list[PromptRecord]] = {
@@ -111,17 +114,19 @@ def evaluate_trees(
                 decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=p.schema.max_depth)
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
     rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
-    live = {}
+    live, modelled = {}, {}
     if pair is not None:
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
         checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)
-        live = live_protocol.summarise(
-            live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
-        )
+        rows = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
+        live = live_protocol.summarise(rows)
+        if new_tokens == test_chain.max_new_tokens:  # replay emits the traces' budget
+            modelled = live_against_replay(rows, replay, test_chain, profile)
     result = {
         "fitted": fitted,
         "replay": replay_data,
         "live": live,
+        "live_modelled": modelled,
         "test_prompts": len(test_chain),
         "live_per_language": live_per_language,
         "repeats": repeats,
@@ -138,6 +143,19 @@ def evaluate_trees(
     track_comparison(config, out, rows, replay_data, live)
     live_protocol.discard_checkpoints(out)
     return result
+
+
+def live_against_replay(rows: dict[str, list[dict]], replay: dict[str, list[PromptRecord]], traces: TraceSet, profile: CostProfile) -> dict:
+    """Modelled against measured seconds per token for plain decoding and every live configuration, on the live
+    prompts: plain from ``traces``, each configuration from its replayed records of those prompts (tree and chain
+    traces hold the same prompts in the same order)."""
+    index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
+    prompts = [index[row["id"]] for row in rows[live_protocol.PLAIN]]
+    compared = {live_protocol.PLAIN: compare_rows(plain_model(traces, profile, prompts), rows[live_protocol.PLAIN])}
+    for name in [name for name in rows if name != live_protocol.PLAIN]:
+        mine = {r.prompt: r for r in replay[name]}
+        compared[name] = compare_rows(records_model([mine[p] for p in prompts], traces.prompt_lengths, profile), rows[name])
+    return compared
 
 
 def _report(result: dict, rows: list[list]) -> str:
@@ -159,4 +177,7 @@ def _report(result: dict, rows: list[list]) -> str:
     ]
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
+    if result["live_modelled"]:
+        lines += ["", "## Modelled against live: every row of the live table, replayed on the same prompts' test traces", ""]
+        lines += modelled_table(result["live_modelled"])
     return "\n".join(lines) + "\n"

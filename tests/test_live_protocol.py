@@ -182,24 +182,27 @@ def test_calibration_compares_replays_modelled_time_with_live_time(target, near_
     for row in (plain, speculative):
         assert row["error"] == pytest.approx(row["modelled_ms_per_token"] / row["measured_ms_per_token"] - 1)
         assert 0 < row["decoding_ms_per_token"] < row["measured_ms_per_token"]  # the prefill taken out
+        assert row["decoding_modelled_ms_per_token"] == pytest.approx(row["modelled_ms_per_token"])  # the profile has no prefill
         assert row["decoding_error"] == pytest.approx(row["modelled_ms_per_token"] / row["decoding_ms_per_token"] - 1)
     text = "\n".join(calibration_lines(result))
-    assert "| plain | 10.0 |" in text and ("Warning" in text) == (max(abs(r["error"]) for r in result["rows"].values()) > 0.15)
-    assert ("without it the error is up to" in text) == ("Warning" in text)
+    assert "| plain | 10.0 (no prefill) |" in text and ("Warning" in text) == (max(abs(r["error"]) for r in result["rows"].values()) > 0.15)
+    assert ("predates the prefill's measurement" in text) == ("Warning" in text)
     with pytest.raises(ValueError, match="no.*trace|none of"):
         calibrate(target, lambda: None, [{"id": "zz", "lang": "en"}], [[1, 2]], traces, flat_profile(), "x", lambda: make_policy("static:1"), 4, 0.0)
 
 
-def test_calibration_takes_the_prefill_out_where_the_rows_hold_it():
-    """Rows of a checkpoint written before live rows carried their prefill are compared whole only."""
+def test_calibration_adds_the_modelled_prefill_and_takes_the_measured_one_out_where_the_rows_hold_it():
+    """The whole call is compared with the rounds and the prefill replay models, decoding alone with the rounds alone;
+    rows of a checkpoint written before live rows carried their prefill are compared whole only."""
     from lab.calibration import compare_rows
 
     rows = [{"tokens": 10, "seconds": 0.12, "prefill": 0.02}, {"tokens": 30, "seconds": 0.28, "prefill": 0.04}]
-    compared = compare_rows(0.008, rows)
-    assert compared["measured_ms_per_token"] == pytest.approx(10.0) and compared["error"] == pytest.approx(-0.2)
+    compared = compare_rows({"tokens": 40, "seconds": 0.32, "prefill": 0.04}, rows)
+    assert compared["measured_ms_per_token"] == pytest.approx(10.0) and compared["modelled_ms_per_token"] == pytest.approx(9.0)
+    assert compared["error"] == pytest.approx(-0.1) and compared["prefill_modelled"]
     assert compared["decoding_ms_per_token"] == pytest.approx(8.5) and compared["decoding_error"] == pytest.approx(0.008 / 0.0085 - 1)
-    older = compare_rows(0.008, [{k: v for k, v in row.items() if k != "prefill"} for row in rows])
-    assert "decoding_error" not in older and older["error"] == pytest.approx(-0.2)
+    older = compare_rows({"tokens": 40, "seconds": 0.32, "prefill": None}, [{k: v for k, v in row.items() if k != "prefill"} for row in rows])
+    assert "decoding_error" not in older and older["error"] == pytest.approx(-0.2) and not older["prefill_modelled"]
 
 
 def test_calibration_uses_rows_measured_already_instead_of_decoding_again(target, near_draft):
@@ -224,6 +227,32 @@ def test_calibration_uses_rows_measured_already_instead_of_decoding_again(target
         assert result["rows"][key]["measured_ms_per_token"] == pytest.approx(seconds_per_token * 1e3)
     with pytest.raises(ValueError, match="calibration needs"):
         calibrate(target, never, PROMPTS, IDS, *args, rows)
+
+
+def test_every_row_of_a_live_table_is_set_beside_what_replay_models_for_it_with_the_prefill(target, near_draft):
+    """An evaluation's live table, plain and each policy, is replayed on the same prompts' traces: plain as one target
+    step per emitted token, a policy as its replayed rounds, each with the profile's prefill per prompt."""
+    from dataclasses import replace
+
+    from conftest import flat_profile
+
+    from adaptive.recorder import record
+    from lab.calibration import live_modelled
+
+    traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), PROMPTS, IDS, max_new_tokens=16, depth=4, metadata={})
+    policies = {"static:2": lambda: make_policy("static:2")}
+    live = live_protocol.measure(target, PROMPTS, IDS, {"static:2": lambda: SpeculativeDecoder(target, near_draft, make_policy("static:2"))}, 16, repeats=1)
+    prefill = {"plain": {"fixed_ms": 5.0, "token_ms": 1.0}, "speculative": {"fixed_ms": 8.0, "token_ms": 1.0}}
+    bare, priced = (live_modelled(live, policies, traces, profile, 4, 0.0) for profile in (flat_profile(), replace(flat_profile(), prefill_ms=prefill)))
+    assert set(bare) == set(priced) == {"plain", "static:2"}
+    tokens = sum(r["tokens"] for r in live["plain"])
+    prompt_tokens = sum(len(ids) for ids in IDS)
+    assert bare["plain"]["modelled_ms_per_token"] == pytest.approx(10.0) and not bare["plain"]["prefill_modelled"]
+    assert priced["plain"]["modelled_ms_per_token"] == pytest.approx(10.0 + (3 * 5.0 + prompt_tokens) / tokens)
+    assert priced["static:2"]["modelled_ms_per_token"] == pytest.approx(bare["static:2"]["modelled_ms_per_token"] + (3 * 8.0 + prompt_tokens) / tokens)
+    assert priced["static:2"]["decoding_modelled_ms_per_token"] == pytest.approx(bare["static:2"]["modelled_ms_per_token"])
+    for row in priced.values():
+        assert row["error"] == pytest.approx(row["modelled_ms_per_token"] / row["measured_ms_per_token"] - 1)
 
 
 def test_the_round_cost_benchmark_sets_a_policy_s_rounds_beside_static_rounds_of_the_same_depth(target, near_draft):

@@ -6,7 +6,7 @@ import pytest
 
 from adaptive.costmodel import optimal_gamma
 from adaptive.profile import CostProfile
-from adaptive.profiling import CATCH_UP, DRAFT_RUN, hardware_description, hardware_differences, profile_pair
+from adaptive.profiling import CATCH_UP, DRAFT_RUN, PREFILL_LENGTHS, hardware_description, hardware_differences, profile_pair
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,22 @@ def test_the_profile_times_the_draft_s_first_step_after_each_verification_and_th
     older = CostProfile.from_dict({key: value for key, value in profile.items() if key not in ("draft_catch_up", "round_work")})
     assert older.drafting_seconds(32, 2, 3) == older.drafting_seconds(32, 2) == pytest.approx(measured.drafting_seconds(32, 2))
     assert older.drafting_work_seconds(4) == older.verifying_work_seconds(4) == 0.0
+
+
+def test_the_profile_times_a_generation_s_prefill_by_prompt_length(profile, measured):
+    """Live decoding reports a generation's time outside its rounds (the prompt's prefill and set-up): the profile times
+    it at several prompt lengths, for plain decoding and for speculative decoding (which feeds the draft too), and fits
+    fixed + per prompt token; a profile measured before has none and says so when asked."""
+    prefill = profile["prefill"]
+    assert prefill["lengths"] == list(PREFILL_LENGTHS)
+    for kind in ("plain", "speculative"):
+        fit = prefill[kind]
+        assert len(fit["median_ms"]) == len(PREFILL_LENGTHS) and min(fit["median_ms"]) > 0 and min(fit["fixed_ms"], fit["token_ms"]) >= 0
+        assert measured.prefill_seconds(96, kind == "speculative") == pytest.approx((fit["fixed_ms"] + 96 * fit["token_ms"]) / 1e3)
+    assert sum(prefill["speculative"]["median_ms"]) > sum(prefill["plain"]["median_ms"])  # the draft reads the prompt too
+    older = CostProfile.from_dict({key: value for key, value in profile.items() if key != "prefill"})
+    with pytest.raises(ValueError, match="no prefill time"):
+        older.prefill_seconds(96, speculative=False)
 
 
 def test_c_and_g_are_ratios_of_the_reference_timings(profile):

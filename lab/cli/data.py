@@ -152,6 +152,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
             f"the decoder's own work per round (outside forwards, {work['rounds']} rounds fitted): drafting {work['draft_fixed_ms']:.3f} + "
             f"{work['draft_token_ms']:.3f}/token ms, verifying {work['verify_fixed_ms']:.3f} + {work['verify_token_ms']:.3f}/token ms"
         )
+    if "prefill" in document:
+        prefill = document["prefill"]
+        fits = ", ".join(f"{kind} {prefill[kind]['fixed_ms']:.2f} + {prefill[kind]['token_ms']:.3f}/token ms" for kind in ("plain", "speculative"))
+        print(f"a generation's prefill and set-up (prompts of {', '.join(map(str, prefill['lengths']))} tokens): {fits}")
     print(f"c = {profile.c:.4f}   profile written to {args.out}")
     return 0
 
