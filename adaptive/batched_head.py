@@ -135,7 +135,9 @@ class BatchedHeadSession:
         outputs = self._entries(tokens, inputs)
         for b, fed in enumerate(tokens):
             self.tokens[b] += fed
-        return {b: head.target_logits(out) for b, out in enumerate(outputs) if len(out)}
+        filled = [b for b, out in enumerate(outputs) if len(out)]
+        logits = head.target_logits(torch.cat([outputs[b] for b in filled])).split([len(outputs[b]) for b in filled])  # one product for all rows
+        return dict(zip(filled, logits, strict=True))
 
     def _entries(self, tokens: list[list[int]], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """New entries of every row (``tokens[b]`` with input states ``inputs[b]`` ``[n_b, H]``) through the
