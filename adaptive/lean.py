@@ -25,6 +25,11 @@ a second graph of the same parts, dynamic in the token count too (:attr:`LeanLla
 uncompiled. With inductor's own int4 lowering such a graph was slower than the uncompiled forward (2026-12-06);
 calling the products as opaque kernels it is faster (5 tokens 15.4 against 23.6 ms, compiled-int4, 2026-12-07).
 
+Forwards of more than :data:`VERIFY_MAX` rows (a prompt's prefill, a wide tree's verification) multiply low-bit
+weights as one dense product of the weights as the kernels read them, rounded to the model's dtype
+(:attr:`Product.wide`): the kernels read each weight once per 8 rows, which suits decoding, not a prompt (192 tokens
+on the int4 target: 675 ms on the kernels, 102 ms dense in bf16, a 2-core Xeon with AMX, 2026-12-07).
+
 EAGLE-3 heads follow the engine (:mod:`adaptive.lean_head`), and :mod:`adaptive.engines` names the engines the
 command line offers.
 
@@ -60,9 +65,10 @@ CACHE_BLOCK = 256
 
 class Product:
     """``x @ weight.T`` for ``x [n, K]``, with the weight held as :data:`WEIGHTS` says; :attr:`kernel` names what
-    multiplies it (``model``; ``int8-dot``, ``int4-dot`` for :mod:`adaptive.lowbit_kernels`; ``int8``, ``int4`` for torch's)."""
+    multiplies it (``model``; ``int8-dot``, ``int4-dot`` for :mod:`adaptive.lowbit_kernels`; ``int8``, ``int4`` for torch's).
+    With ``wide``, :attr:`wide` multiplies the same low-bit weights as one dense product, for inputs of many rows."""
 
-    def __init__(self, weight: torch.Tensor, kind: str, dtype: torch.dtype) -> None:
+    def __init__(self, weight: torch.Tensor, kind: str, dtype: torch.dtype, wide: bool = False) -> None:
         if kind not in WEIGHTS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
         self.kind = kind
@@ -70,11 +76,13 @@ class Product:
         self.out_features = rows
         weight = weight.detach().float()
         own = not kind.endswith("-aten") and dtype == torch.bfloat16 and lowbit_kernels.fits(rows, columns) and lowbit_kernels.available()
+        read = weight  # the weight as the kernels read it
         if kind == "model":
             self.kernel, self.tensors = "model", (weight.to(dtype).contiguous(),)
         elif kind.startswith("int8"):
             scale = (weight.abs().amax(dim=1).clamp(min=1e-12) / 127).to(dtype)  # both kernels multiply by it in dtype
             levels = (weight / scale[:, None].float()).round().clamp(-127, 127).to(torch.int8).contiguous()
+            read = levels.float() * scale.float()[:, None]
             if own:
                 self.kernel, self.tensors = "int8-dot", (lowbit_kernels.pack_int8(levels), scale.float())
             else:
@@ -88,11 +96,15 @@ class Product:
             levels = ((groups - low) / step).round().clamp(0, 15).to(torch.int32).reshape(rows, columns)
             offset = low + 8 * step  # both kernels read level q as (q - 8) * step + offset, step and offset rounded to dtype
             step, offset = step[..., 0].to(dtype), offset[..., 0].to(dtype)
+            read = ((levels.reshape(rows, -1, GROUP) - 8).float() * step.float()[..., None] + offset.float()[..., None]).reshape(rows, columns)
             if own:
                 self.kernel, self.tensors = "int4-dot", (lowbit_kernels.pack_int4(levels, step, offset),)
             else:
                 packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
                 self.kernel, self.tensors = "int4", (packed, torch.tensor(GROUP), torch.stack((step, offset), dim=-1).transpose(0, 1).contiguous())
+        self.wide = (self if kind == "model" else Product(read, "model", dtype)) if wide else None
+        """The weight as the kernel reads it, rounded to ``dtype``, multiplied densely (``F.linear``: one oneDNN product,
+        fast for many rows; each weight within half a ``dtype`` step of what the kernel multiplies by), or None."""
 
     @property
     def parts(self) -> tuple[str, tuple[torch.Tensor, ...]]:
@@ -273,11 +285,11 @@ class LeanLlama:
         self.qkv, self.out, self.gate_up, self.down = [], [], [], []
         for layer in body.layers:
             attention, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(Product(torch.cat((attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight)), weights, self.dtype))
-            self.out.append(Product(attention.o_proj.weight, weights, self.dtype))
-            self.gate_up.append(Product(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)), weights, self.dtype))
-            self.down.append(Product(mlp.down_proj.weight, weights, self.dtype))
-        self.head = Product(model.lm_head.weight, weights.replace("int4", "int8"), self.dtype)
+            self.qkv.append(Product(torch.cat((attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight)), weights, self.dtype, wide=True))
+            self.out.append(Product(attention.o_proj.weight, weights, self.dtype, wide=True))
+            self.gate_up.append(Product(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)), weights, self.dtype, wide=True))
+            self.down.append(Product(mlp.down_proj.weight, weights, self.dtype, wide=True))
+        self.head = Product(model.lm_head.weight, weights.replace("int4", "int8"), self.dtype, wide=True)
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         self.inverse_frequencies = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.device) / self.head_dim))
         self.compiled = compiled
@@ -365,6 +377,7 @@ class LeanLlama:
         fused: bool,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         n, end = len(token_ids), start + len(token_ids)
+        wide = not fused and n > VERIFY_MAX  # the compiled graphs always multiply on the kernels
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
         x = self.embedding[token_ids]  # [n, hidden]
@@ -377,7 +390,7 @@ class LeanLlama:
         for index in range(self.layers):
             if index in taps:
                 tapped.append(x)
-            queries, new_keys, new_values = self._project(index, x, cos, sin)
+            queries, new_keys, new_values = self._project(index, x, cos, sin, wide)
             keys[index][:, start:end] = new_keys.transpose(0, 1)
             values[index][:, start:end] = new_values.transpose(0, 1)
             if fused:
@@ -386,23 +399,26 @@ class LeanLlama:
                 queries = queries.transpose(0, 1).reshape(kv_heads, group * n, dim)  # each key/value head's queries together
                 attended = F.scaled_dot_product_attention(queries[None], keys[index][None, :, :end], values[index][None, :, :end], attn_mask=mask)
                 attended = attended.reshape(heads, n, dim).transpose(0, 1).reshape(n, heads * dim)
-            x = self._finish(index, x, attended)
+            x = self._finish(index, x, attended, wide)
         x = rms_norm(x, self.final_norm, self.eps)
         if self.layers in taps:
             tapped.append(x)
-        return self.head(x), tapped
+        return (self.head.wide if wide else self.head)(x), tapped
 
-    def _project(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wide: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer ``index``'s rotated queries ``[N, heads, dim]``, rotated keys and values ``[N, kv_heads, dim]`` of
-        the residual streams ``x [N, hidden]`` (cos and sin ``[N, 1, dim]``)."""
+        the residual streams ``x [N, hidden]`` (cos and sin ``[N, 1, dim]``); ``wide``: dense products (:attr:`Product.wide`)."""
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        projected = attention_region(x, self.norms[index][0], self.eps, self.qkv[index].parts, cos, sin, heads, kv_heads)
+        qkv = self.qkv[index].wide if wide else self.qkv[index]
+        projected = attention_region(x, self.norms[index][0], self.eps, qkv.parts, cos, sin, heads, kv_heads)
         queries, keys, values = projected.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
         return queries.view(len(x), heads, dim), keys.view(len(x), kv_heads, dim), values.view(len(x), kv_heads, dim)
 
-    def _finish(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Layer ``index``'s output streams of ``x [N, hidden]`` and its attention ``attended [N, heads·dim]``."""
-        return output_region(x, attended, self.out[index].parts, self.norms[index][1], self.eps, self.gate_up[index].parts, self.down[index].parts)
+    def _finish(self, index: int, x: torch.Tensor, attended: torch.Tensor, wide: bool) -> torch.Tensor:
+        """Layer ``index``'s output streams of ``x [N, hidden]`` and its attention ``attended [N, heads·dim]``; ``wide``:
+        dense products (:attr:`Product.wide`)."""
+        out, gate_up, down = ((p.wide if wide else p) for p in (self.out[index], self.gate_up[index], self.down[index]))
+        return output_region(x, attended, out.parts, self.norms[index][1], self.eps, gate_up.parts, down.parts)
 
     @torch.inference_mode()
     def batched(
@@ -445,6 +461,7 @@ class LeanLlama:
         residual stream and the final normed one ``[B, n, hidden]``, and each layer's keys and values with the new
         columns appended."""
         rows, n = token_ids.shape
+        wide = not fused and rows * n > VERIFY_MAX  # a few rows' prefill: dense products (the compiled graph: the kernels)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
         x = self.embedding[token_ids].reshape(rows * n, -1)
@@ -457,18 +474,18 @@ class LeanLlama:
                 attended, layer_keys, layer_values = batched_attention(projected.view(rows, n, -1), keys[index], values[index], allowed, heads)
                 x = layer_output(x, attended, self.out[index].parts, self.norms[index][1], self.eps, self.gate_up[index].parts, self.down[index].parts)
             else:
-                queries, new_keys, new_values = (t.view(rows, n, -1, dim).transpose(1, 2) for t in self._project(index, x, cos, sin))
+                queries, new_keys, new_values = (t.view(rows, n, -1, dim).transpose(1, 2) for t in self._project(index, x, cos, sin, wide))
                 layer_keys, layer_values = (  # contiguous, as the compiled graph's inputs always are
                     new.contiguous() if old is None else torch.cat((old, new), dim=2) for old, new in ((keys[index], new_keys), (values[index], new_values))
                 )
                 grouped = queries.reshape(rows, kv_heads, group * n, dim)  # query rows: head within its group, token
                 attended = F.scaled_dot_product_attention(grouped, layer_keys, layer_values, attn_mask=allowed.repeat(1, group, 1)[:, None])
-                x = self._finish(index, x, attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim))
+                x = self._finish(index, x, attended.reshape(rows, heads, n, dim).transpose(1, 2).reshape(rows * n, heads * dim), wide)
             all_keys.append(layer_keys)
             all_values.append(layer_values)
         x = rms_norm(x, self.final_norm, self.eps)
         states.append(x.view(rows, n, -1))
-        return self.head(x).view(rows, n, -1), states, all_keys, all_values
+        return (self.head.wide if wide else self.head)(x).view(rows, n, -1), states, all_keys, all_values
 
 
 class BatchedLayer:

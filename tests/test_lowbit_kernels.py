@@ -31,7 +31,8 @@ PROMPT = [3, 7, 1, 12, 5, 9, 14, 2, 8, 6, 11, 4]
 def test_the_kernels_multiply_by_the_weights_they_pack_each_row_alone(kind):
     """bf16 activations of 1 to 17 rows (blocks of 8 and a remainder): within bf16 rounding of the float64 product
     with the same weights (int4: the grid's levels, steps and offsets; int8: levels and row scales), and each row equal
-    bit for bit to that row multiplied alone."""
+    bit for bit to that row multiplied alone. The dense twin for many rows holds each of those weights rounded to bf16
+    and multiplies 40 rows as closely."""
     torch.manual_seed(0)
     weight = torch.randn(96, 4 * GROUP) * 0.05
     product = Product(weight, kind, torch.bfloat16)
@@ -52,6 +53,11 @@ def test_the_kernels_multiply_by_the_weights_they_pack_each_row_alone(kind):
         reference = x.double() @ exact.T
         torch.testing.assert_close(out.double(), reference, rtol=0, atol=2**-7 * reference.abs().max().item())
         assert torch.equal(torch.cat([product(x[i : i + 1]) for i in range(rows)]), out)
+    wide = Product(weight, kind, torch.bfloat16, wide=True).wide  # for many rows: one dense product of the same weights
+    assert wide.kernel == "model" and bool(((wide.tensors[0].double() - exact).abs() <= 2**-8 * exact.abs() + 1e-30).all())
+    x = torch.randn(40, 4 * GROUP).bfloat16()
+    reference = x.double() @ exact.T
+    torch.testing.assert_close(wide(x).double(), reference, rtol=0, atol=2**-7 * reference.abs().max().item())
 
 
 def test_sizes_that_do_not_pack_are_refused_naming_them():
@@ -86,6 +92,26 @@ def test_a_bf16_int4_target_on_the_kernels_verifies_compiled_as_uncompiled_and_d
     plain = generate_plain(target, PROMPT, max_new_tokens=40).token_ids
     assert SpeculativeDecoder(target, draft, StaticDepth(4)).generate(PROMPT, max_new_tokens=40).token_ids == plain
     assert TreeDecoder(target, draft, StaticDepth(3), TreeShape(2, 2, 6)).generate(PROMPT, max_new_tokens=40).token_ids == plain
+
+
+@pytest.mark.slow
+def test_a_long_prompt_is_multiplied_densely_as_the_kernels_would_and_decoding_after_it_stays_identical(compiled_target):
+    """A forward of more than VERIFY_MAX tokens (a prompt's prefill) multiplies dense bf16 copies of the weights the
+    kernels read: its logits, and the next step on its cache, are those of the same prompt fed in pieces through the
+    kernels up to bf16 rounding (wrong weights or positions are off by far more); chains after such a prefill emit
+    plain decoding's tokens."""
+    prompt = [(5 * i + 3) % 16 for i in range(40)]
+    twin = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
+    assert twin.lean_engine.qkv[0].wide.kernel == "model" and twin.lean_engine.qkv[0].kernel == "int4-dot"
+    whole, pieces = LeanCache(twin, twin.lean_engine), LeanCache(twin, twin.lean_engine)
+    dense = whole.forward(prompt).float()
+    kernels = torch.cat([pieces.forward(prompt[i : i + 8]) for i in range(0, len(prompt), 8)]).float()
+    torch.testing.assert_close(dense, kernels, rtol=0, atol=0.02 * kernels.abs().max().item())
+    after = pieces.forward([4]).float()
+    torch.testing.assert_close(whole.forward([4]).float(), after, rtol=0, atol=0.02 * after.abs().max().item())
+    draft = make_lean(tiny_llama(seed=0, hidden=64, dtype=torch.bfloat16), "int4")
+    plain = generate_plain(compiled_target, prompt, max_new_tokens=30).token_ids
+    assert SpeculativeDecoder(compiled_target, draft, StaticDepth(4)).generate(prompt, max_new_tokens=30).token_ids == plain
 
 
 @pytest.mark.slow
