@@ -118,10 +118,10 @@ def evaluate_trees(
     if pair is not None:
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
         checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)
-        rows = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
-        live = live_protocol.summarise(rows)
+        measured = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
+        live = live_protocol.summarise(measured)
         if new_tokens == test_chain.max_new_tokens:  # replay emits the traces' budget
-            modelled = live_against_replay(rows, replay, test_chain, profile)
+            modelled = live_against_replay(measured, replay, test_chain, profile)
     result = {
         "fitted": fitted,
         "replay": replay_data,

@@ -140,3 +140,30 @@ def test_candidates_name_the_rules_that_repeat_another_under_a_second_name():
     assert rows == {} and set(fitted["measured_as"]) <= set(policies) and set(fitted["measured_as"].values()) <= set(policies)
     assert (fitted["measured_as"].get(iid) == grid) == (fitted["grid_best"] == fitted["costmodel"]["iid"])
     assert all(name not in fitted["measured_as"] for name in ("heuristic", "confidence:0.4", grid))
+
+
+def test_a_tree_evaluation_sets_each_live_row_beside_its_replayed_records_of_the_same_prompts():
+    """Every live configuration is compared with its own replayed records of the live prompts, in the live order, and
+    plain decoding with the traces' outputs priced by the profile, the prefill of each prompt's length added."""
+    from dataclasses import replace
+
+    from adaptive.profile import CostProfile
+    from adaptive.traces import TraceSet
+    from lab.calibration import plain_model, records_model
+    from lab.evaluation import PromptRecord
+    from lab.tree_comparison import live_against_replay
+
+    traces = TraceSet.load(ROOT / "data" / "traces" / "smollm2-135m-test.npz")
+    prefill = {"plain": {"fixed_ms": 1.0, "token_ms": 0.5}, "speculative": {"fixed_ms": 2.0, "token_ms": 0.5}}
+    profile = replace(CostProfile.load(ROOT / "profiles" / "smollm2-135m.json"), prefill_ms=prefill)
+    live_order = [5, 2, 9]
+    rows = {name: [{"id": traces.prompt_ids[i], "tokens": 100, "seconds": 1.0 + i, "prefill": 0.1} for i in live_order] for name in ("plain", "tree")}
+    records = [PromptRecord(i, traces.langs[i], 100, 0.5 + 0.1 * i, 40, 60) for i in range(12)]
+    compared = live_against_replay(rows, {"tree": records[::-1]}, traces, profile)
+    tree = records_model([records[i] for i in live_order], traces.prompt_lengths, profile)
+    assert tree["seconds"] == pytest.approx(0.5 * 3 + 0.1 * sum(live_order))
+    measured = sum(1.0 + i for i in live_order) / 300
+    assert compared["tree"]["error"] == pytest.approx((tree["seconds"] + tree["prefill"]) / 300 / measured - 1)
+    plain = plain_model(traces, profile, live_order)
+    assert plain["prefill"] == pytest.approx(sum(1.0 + 0.5 * traces.prompt_lengths[i] for i in live_order) / 1e3)
+    assert compared["plain"]["modelled_ms_per_token"] == pytest.approx((plain["seconds"] + plain["prefill"]) / plain["tokens"] * 1e3)
