@@ -223,14 +223,17 @@ def fused_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
 
 
 class LeanLinear(nn.Module):
-    """A bias-free ``nn.Linear`` whose matrix is held as a :class:`Product` (inputs of any leading shape)."""
+    """A bias-free ``nn.Linear`` whose matrix is held as a :class:`Product` (inputs of any leading shape; more than
+    :data:`VERIFY_MAX` rows, e.g. a head reading a prompt, multiplied by its dense twin, :attr:`Product.wide`)."""
 
     def __init__(self, linear: nn.Linear, kind: str) -> None:
         super().__init__()
-        self.product = Product(linear.weight, kind, linear.weight.dtype)
+        self.product = Product(linear.weight, kind, linear.weight.dtype, wide=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.product(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.product.out_features)
+        rows = x.reshape(-1, x.shape[-1])
+        product = self.product.wide if len(rows) > VERIFY_MAX else self.product
+        return product(rows).reshape(*x.shape[:-1], self.product.out_features)
 
 
 class KVCache:

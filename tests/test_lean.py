@@ -230,7 +230,8 @@ def test_two_compiled_engines_in_one_process_each_run_their_own_graph():
 
 def test_a_low_bit_engine_drafts_with_an_int8_copy_of_the_head_and_leaves_the_head_whole():
     """Under a low-bit engine a head drafts with an int8 copy (every matrix a LeanLinear): its logits are the head's up
-    to int8 rounding (and differ from them: the copy is used), the head's own modules and saved weights are untouched,
+    to int8 rounding (and differ from them: the copy is used), many rows at once multiply the same int8 weights (densely)
+    as a few at a time do, the head's own modules and saved weights are untouched,
     a chain drafting with it emits plain decoding's tokens, and eager takes the copy away."""
     target = tiny_llama(seed=0, hidden=64, dtype=torch.float32)
     head = tiny_head(target)
@@ -244,6 +245,9 @@ def test_a_low_bit_engine_drafts_with_an_int8_copy_of_the_head_and_leaves_the_he
     exact, rounded = head.draft_logits(states), lean.draft_logits(states)
     torch.testing.assert_close(rounded, exact, rtol=0, atol=0.05 * exact.abs().max().item())
     assert not torch.equal(rounded, exact)
+    many = torch.randn(40, 64)  # more than VERIFY_MAX rows (a prompt read at once): the dense twin of the same int8 weights
+    pieces = torch.cat([lean.draft_logits(many[i : i + 8]) for i in range(0, 40, 8)])
+    torch.testing.assert_close(lean.draft_logits(many), pieces, rtol=0, atol=1e-4 * pieces.abs().max().item())
     plain = generate_plain(target, PROMPT, max_new_tokens=30).token_ids
     decoder = SpeculativeDecoder(target, head, StaticDepth(3))
     assert decoder.draft.net is lean
