@@ -209,6 +209,7 @@ def profile_pair(
     repetitions: int = 7,
     seed: int = 0,
     tree_mask: bool = False,
+    prefill_lengths: tuple[int, ...] = PREFILL_LENGTHS,
 ) -> CostProfile:
     """Measure the pair on this machine.
 
@@ -219,6 +220,7 @@ def profile_pair(
         repetitions: timed repetitions per point (after one warm-up): sweeps over every point in turn, so
             that a disturbance of the machine spreads over all points instead of skewing one.
         tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask).
+        prefill_lengths: prompt lengths at which a generation's prefill is timed (none: not timed).
     """
     if reference_context not in contexts:
         raise ValueError(f"reference_context {reference_context} must be one of contexts {contexts}")
@@ -269,7 +271,8 @@ def profile_pair(
     if max_verify >= 2:
         context = torch.randint(0, vocab, (reference_context,), generator=generator).tolist()
         result["round_work"] = round_work(target, draft, context, min(max_verify - 1, CATCH_UP), repetitions=2)
-    result["prefill"] = prefill_work(target, draft, PREFILL_LENGTHS, repetitions=2, generator=generator)
+    if prefill_lengths:
+        result["prefill"] = prefill_work(target, draft, prefill_lengths, repetitions=2, generator=generator)
     summarise(result)
     result["hardware"] = hardware_description(target.device)
     result["dtype"] = str(target.dtype).removeprefix("torch.")

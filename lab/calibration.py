@@ -118,16 +118,17 @@ def compare_rows(model: dict, rows: list[dict]) -> dict:
     return compared
 
 
-def live_modelled(
-    live: dict[str, list[dict]], policies: dict[str, Callable[[], DraftPolicy]], traces: TraceSet, profile: CostProfile, max_depth: int, decision_seconds: float
-) -> dict:
-    """Modelled against measured seconds per token for every row of a live table (plain and each policy), on the
-    live prompts' recorded traces."""
-    ids = [row["id"] for row in live[live_protocol.PLAIN]]
-    return {
-        name: compare_rows(modelled(traces, profile, ids, None if name == live_protocol.PLAIN else policies[name], max_depth, decision_seconds), rows)
-        for name, rows in live.items()
-    }
+def live_against_replay(rows: dict[str, list[dict]], replay: dict[str, list[PromptRecord]], traces: TraceSet, profile: CostProfile) -> dict:
+    """Modelled against measured seconds per token for every row of a live table (``rows``: plain and each
+    configuration), on the live prompts: plain from ``traces``, each configuration from its replayed records
+    (``replay``, whose prompt indices follow ``traces``) of those prompts."""
+    index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
+    prompts = [index[row["id"]] for row in rows[live_protocol.PLAIN]]
+    compared = {live_protocol.PLAIN: compare_rows(plain_model(traces, profile, prompts), rows[live_protocol.PLAIN])}
+    for name in [name for name in rows if name != live_protocol.PLAIN]:
+        mine = {r.prompt: r for r in replay[name]}
+        compared[name] = compare_rows(records_model([mine[p] for p in prompts], traces.prompt_lengths, profile), rows[name])
+    return compared
 
 
 def modelled_table(rows: dict[str, dict]) -> list[str]:

@@ -24,7 +24,7 @@ from adaptive.workload import LANGUAGES
 from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from lab import live_protocol
-from lab.calibration import calibrate, calibration_lines, live_modelled, modelled_table
+from lab.calibration import calibrate, calibration_lines, live_against_replay, modelled_table
 from lab.config import ExperimentConfig
 from lab.environments import decoding_engine, resolve_profile
 from lab.evaluation import (
@@ -236,7 +236,7 @@ def evaluate(
     gains = live_gains(live, policies) if live else {}
     modelled = {}
     if live and new_tokens == test.max_new_tokens:  # replay emits the traces' budget
-        modelled = live_modelled(live, policies, test, profile, config.env.max_depth, config.env.decision_seconds)
+        modelled = live_against_replay(live, replay, test, profile)  # the replay records of these prompts
     result = {
         "fitted": fitted,
         "replay": replay_data,

@@ -26,7 +26,7 @@ from envs.factory import default_traces
 from envs.replay import ReplayBackend
 from envs.tree_replay import TreeReplayBackend
 from lab import live_protocol
-from lab.calibration import compare_rows, modelled_table, plain_model, records_model
+from lab.calibration import live_against_replay, modelled_table
 from lab.comparison import replay_table, track_comparison
 from lab.config import ExperimentConfig
 from lab.environments import decoding_engine, resolve_profile
@@ -143,19 +143,6 @@ def evaluate_trees(
     track_comparison(config, out, rows, replay_data, live)
     live_protocol.discard_checkpoints(out)
     return result
-
-
-def live_against_replay(rows: dict[str, list[dict]], replay: dict[str, list[PromptRecord]], traces: TraceSet, profile: CostProfile) -> dict:
-    """Modelled against measured seconds per token for plain decoding and every live configuration, on the live
-    prompts: plain from ``traces``, each configuration from its replayed records of those prompts (tree and chain
-    traces hold the same prompts in the same order)."""
-    index = {prompt_id: i for i, prompt_id in enumerate(traces.prompt_ids)}
-    prompts = [index[row["id"]] for row in rows[live_protocol.PLAIN]]
-    compared = {live_protocol.PLAIN: compare_rows(plain_model(traces, profile, prompts), rows[live_protocol.PLAIN])}
-    for name in [name for name in rows if name != live_protocol.PLAIN]:
-        mine = {r.prompt: r for r in replay[name]}
-        compared[name] = compare_rows(records_model([mine[p] for p in prompts], traces.prompt_lengths, profile), rows[name])
-    return compared
 
 
 def _report(result: dict, rows: list[list]) -> str:

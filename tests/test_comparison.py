@@ -142,16 +142,15 @@ def test_candidates_name_the_rules_that_repeat_another_under_a_second_name():
     assert all(name not in fitted["measured_as"] for name in ("heuristic", "confidence:0.4", grid))
 
 
-def test_a_tree_evaluation_sets_each_live_row_beside_its_replayed_records_of_the_same_prompts():
+def test_an_evaluation_sets_each_live_row_beside_its_replayed_records_of_the_same_prompts():
     """Every live configuration is compared with its own replayed records of the live prompts, in the live order, and
     plain decoding with the traces' outputs priced by the profile, the prefill of each prompt's length added."""
     from dataclasses import replace
 
     from adaptive.profile import CostProfile
     from adaptive.traces import TraceSet
-    from lab.calibration import plain_model, records_model
+    from lab.calibration import live_against_replay, plain_model, records_model
     from lab.evaluation import PromptRecord
-    from lab.tree_comparison import live_against_replay
 
     traces = TraceSet.load(ROOT / "data" / "traces" / "smollm2-135m-test.npz")
     prefill = {"plain": {"fixed_ms": 1.0, "token_ms": 0.5}, "speculative": {"fixed_ms": 2.0, "token_ms": 0.5}}

@@ -237,13 +237,19 @@ def test_every_row_of_a_live_table_is_set_beside_what_replay_models_for_it_with_
     from conftest import flat_profile
 
     from adaptive.recorder import record
-    from lab.calibration import live_modelled
+    from envs.replay import ReplayBackend
+    from lab.calibration import live_against_replay
+    from lab.evaluation import play
 
     traces = record(SpeculativeDecoder(target, near_draft, make_policy("static:1")), PROMPTS, IDS, max_new_tokens=16, depth=4, metadata={})
-    policies = {"static:2": lambda: make_policy("static:2")}
     live = live_protocol.measure(target, PROMPTS, IDS, {"static:2": lambda: SpeculativeDecoder(target, near_draft, make_policy("static:2"))}, 16, repeats=1)
     prefill = {"plain": {"fixed_ms": 5.0, "token_ms": 1.0}, "speculative": {"fixed_ms": 8.0, "token_ms": 1.0}}
-    bare, priced = (live_modelled(live, policies, traces, profile, 4, 0.0) for profile in (flat_profile(), replace(flat_profile(), prefill_ms=prefill)))
+
+    def compared(profile):
+        replay = {"static:2": play(ReplayBackend(traces, profile, 4), lambda: make_policy("static:2"), range(len(traces)), traces.langs, 0.0)}
+        return live_against_replay(live, replay, traces, profile)
+
+    bare, priced = compared(flat_profile()), compared(replace(flat_profile(), prefill_ms=prefill))
     assert set(bare) == set(priced) == {"plain", "static:2"}
     tokens = sum(r["tokens"] for r in live["plain"])
     prompt_tokens = sum(len(ids) for ids in IDS)

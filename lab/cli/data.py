@@ -87,7 +87,9 @@ def _check_speed(path: Path, args: argparse.Namespace) -> int:
     recorded = CostProfile.from_dict(document, str(path))
     reference = recorded.document["reference_context"]
     pair = pair_from_arguments(args)
-    now = profile_pair(pair.target, pair.draft, max_verify=1, contexts=(reference,), reference_context=reference, repetitions=args.repetitions)
+    now = profile_pair(
+        pair.target, pair.draft, max_verify=1, contexts=(reference,), reference_context=reference, repetitions=args.repetitions, prefill_lengths=()
+    )  # the steps only
     steps = {"target step": (now.target_step_ms, recorded.target_step_ms), "draft step": (now.draft_ms[0], recorded.draft_seconds(reference) * 1e3)}
     worst = 0.0
     for name, (here, there) in steps.items():
