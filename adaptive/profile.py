@@ -54,6 +54,12 @@ class CostProfile:
     prefill_ms: dict[str, dict[str, float]] | None = None
     """A generation's time outside its rounds (prompt prefill and set-up) by decoding kind (``plain``, ``speculative``),
     fitted: ``fixed_ms`` + ``token_ms`` per prompt token (profiles measured before 2026-12-07 have none)."""
+    draft_level_ms: tuple[float, ...] | None = None
+    """Median time of a tree round's later draft forward (the best W nodes of a level, in one masked forward) per context
+    (profiles measured with the tree mask since 2026-12-07; before, a level was priced as a one-token step)."""
+    tree_round_work_ms: dict[str, float] | None = None
+    """The tree decoder's own work per round outside model forwards, fitted: ``draft_fixed_ms`` + ``draft_level_ms`` per
+    level grown, ``verify_fixed_ms`` + ``verify_node_ms`` per verified node (before: the chain decoder's ``round_work``)."""
     document: dict = field(default_factory=dict, repr=False, compare=False)
     """The JSON document this profile was read from or measured as (empty for one built in code)."""
 
@@ -78,6 +84,8 @@ class CostProfile:
             catch_up_ms=tuple(tuple(p["median_ms"] for p in document["draft_catch_up"][str(c)]) for c in contexts) if document.get("draft_catch_up") else None,
             round_work_ms=dict(document["round_work"]) if "round_work" in document else None,
             prefill_ms={kind: dict(document["prefill"][kind]) for kind in ("plain", "speculative")} if "prefill" in document else None,
+            draft_level_ms=tuple(document["draft_level"][str(c)]["median_ms"] for c in contexts) if "draft_level" in document else None,
+            tree_round_work_ms=dict(document["tree_round_work"]) if "tree_round_work" in document else None,
             document=document,
         )
 
@@ -114,7 +122,7 @@ class CostProfile:
                 for key in QUANTILES:
                     point[key] = base + verify_slope * (measured["verify"][ctx][n][key] - base)
         runs = [*derived.get("draft_run", {}).values(), *derived.get("draft_catch_up", {}).values()]
-        for point in [*derived["draft_step"].values(), *(p for run in runs for p in run)]:
+        for point in [*derived["draft_step"].values(), *derived.get("draft_level", {}).values(), *(p for run in runs for p in run)]:
             for key in QUANTILES:
                 point[key] *= draft_scale
         summarise(derived)
@@ -184,6 +192,25 @@ class CostProfile:
         """The decoder's own work in verifying ``size`` tokens, outside the target's forward (0 if not measured)."""
         work = self.round_work_ms
         return 0.0 if work is None else (work["verify_fixed_ms"] + size * work["verify_token_ms"]) / 1e3
+
+    def tree_drafting_seconds(self, context: int, levels: int, emitted: int | None = None) -> float:
+        """A tree round's growth of ``levels`` levels: the first level's draft step (priced as a chain's first step,
+        :meth:`drafting_seconds`), each later level's masked forward over W nodes, and the tree decoder's own work.
+        Profiles without the tree's timings price it as a chain round of ``levels`` steps."""
+        if self.draft_level_ms is None or self.tree_round_work_ms is None:
+            return self.drafting_seconds(context, levels, emitted) + self.drafting_work_seconds(levels)
+        if not levels:
+            return 0.0
+        work = self.tree_round_work_ms
+        later = (levels - 1) * self._interpolate(self.draft_level_ms, context)
+        return self.drafting_seconds(context, 1, emitted) + (later + work["draft_fixed_ms"] + levels * work["draft_level_ms"]) / 1e3
+
+    def tree_verifying_seconds(self, context: int, size: int) -> float:
+        """A tree round's verification of ``size`` nodes: the target's masked forward and the tree decoder's own work
+        (the mask, acceptance along the path, compacting both caches); without the tree's timings, a chain's work."""
+        work = self.tree_round_work_ms
+        own = self.verifying_work_seconds(size) if work is None else (work["verify_fixed_ms"] + size * work["verify_node_ms"]) / 1e3
+        return self.verify_seconds(context, size) + own
 
     def prefill_seconds(self, prompt_length: int, speculative: bool) -> float:
         """A generation's time outside its rounds for a prompt of ``prompt_length`` tokens: the prompt's prefill

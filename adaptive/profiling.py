@@ -25,7 +25,8 @@ from adaptive.lean import open_cache
 from adaptive.policy import BasePolicy, DraftState, RoundStats
 from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
-from adaptive.tree import attention_mask
+from adaptive.tree import DraftTree, TreeShape, attention_mask, grow_level
+from adaptive.tree_decoder import DEFAULT_SHAPE, TreeDecoder
 
 MATRIX_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 """The CPU flags that decide how fast a forward runs (two CPUs of one model name may differ in them, e.g. under KVM)."""
@@ -40,9 +41,12 @@ next one, n = accepted + 1; a head reads the target's states at them, in one bat
 profile times that step for n = 1..CATCH_UP, each right after a target forward of n tokens (``draft_catch_up``);
 replay charges it by the last round's acceptance."""
 ROUND_WORK_TOKENS = 96
+"""Tokens of the short decode that measures the decoder's own work per round (``round_work``)."""
+TREE_LEVELS = 6
+"""Levels a tree round grows at most in the decode that measures the tree decoder's own work (``tree_round_work``;
+the shipped tree traces hold 6)."""
 PREFILL_LENGTHS = (32, 96, 192)
 """Prompt lengths at which a generation's prefill is timed (``prefill``; the workload's prompts run 36..197 tokens)."""
-"""Tokens of the short decode that measures the decoder's own work per round (``round_work``)."""
 SAME_MACHINE_KEYS = ("processor", "matrix_flags", "cpu_count", "torch_threads", "torch", "device", "gpu")
 """The entries of :func:`hardware_description` that must agree for timings to carry from one machine to another
 (torch included: its kernels are part of the speed)."""
@@ -139,6 +143,24 @@ def _timed_catch_up(session: CachedModel | HeadSession, context: list[int], n: i
     return clock() - start
 
 
+def _first_level(session: CachedModel | HeadSession, token: int, shape: TreeShape) -> DraftTree:
+    """A tree's first level below ``token`` (the session's cache unchanged after)."""
+    length = session.length
+    tree = DraftTree()
+    tree.add_children(-1, session.forward([token])[-1], shape.branching, session.vocabulary)
+    session.rollback(length)
+    return tree
+
+
+def _timed_level(session: CachedModel | HeadSession, first: DraftTree, shape: TreeShape, clock: Clock) -> float:
+    """Seconds of a tree round's later draft forward: ``first``'s best ``shape.width`` nodes in one masked forward
+    (:func:`~adaptive.tree.grow_level`) after the session's cached context, rolled back after."""
+    length = session.length
+    seconds = grow_level(session, [DraftTree(nodes=list(first.nodes))], [length], shape, clock)
+    session.rollback(length)
+    return seconds
+
+
 class _CyclingDepths(BasePolicy):
     """Drafts 1, 2, .., max_depth tokens in turn, reading the draft's features at every step (as learned policies
     and ``confidence`` do: the dearer of the decoder's two ways)."""
@@ -174,6 +196,36 @@ def round_work(target, draft, context: list[int], max_depth: int, repetitions: i
     drafting = _fit_line([r.drafted for r in rounds], [(r.draft_time - r.forward_time + r.target_forward_time) * 1e3 for r in rounds])
     verifying = _fit_line([r.verified for r in rounds], [(r.verify_time - r.target_forward_time) * 1e3 for r in rounds])
     fitted = {"draft_fixed_ms": drafting[0], "draft_token_ms": drafting[1], "verify_fixed_ms": verifying[0], "verify_token_ms": verifying[1]}
+    return {**fitted, "rounds": len(rounds)}
+
+
+class _CyclingTrees(_CyclingDepths):
+    """Grows 1, 2, .., max_depth levels in turn and verifies sizes cycling through ``sizes`` on another period, so that
+    depth and size vary apart."""
+
+    sizes_trees = True
+
+    def __init__(self, max_depth: int, sizes: tuple[int, ...]) -> None:
+        super().__init__(max_depth)
+        self.sizes = sizes
+
+    def verify_size(self, state: DraftState) -> int:
+        return self.sizes[self.round % len(self.sizes)]
+
+
+def tree_round_work(target, draft, context: list[int], shape: TreeShape, max_size: int, repetitions: int) -> dict[str, float]:
+    """The tree decoder's own work per round, outside model forwards (growing and ranking each level, the masks,
+    selecting the verified nodes, acceptance, compacting both caches, emitting), from a short greedy decode after
+    ``context`` that grows every depth up to :data:`TREE_LEVELS` and verifies 1..``max_size`` nodes in turn: drafting's
+    part fitted as fixed + per level, verification's as fixed + per verified node, in ms."""
+    sizes = tuple(sorted({1, 2, 3, *(n for n in (4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_size), max_size}))
+    policy = _CyclingTrees(TREE_LEVELS, sizes)
+    decoder = TreeDecoder(target, draft, policy, TreeShape(shape.branching, shape.width, max_size), max_depth=TREE_LEVELS)
+    rounds = [r for _ in range(repetitions) for r in decoder.generate(context, ROUND_WORK_TOKENS).rounds[1:]]
+    parts = [r.time_parts() for r in rounds]
+    drafting = _fit_line([r.drafted for r in rounds], [own * 1e3 for _, own, _, _ in parts])
+    verifying = _fit_line([r.verified for r in rounds], [own * 1e3 for _, _, _, own in parts])
+    fitted = {"draft_fixed_ms": drafting[0], "draft_level_ms": drafting[1], "verify_fixed_ms": verifying[0], "verify_node_ms": verifying[1]}
     return {**fitted, "rounds": len(rounds)}
 
 
@@ -219,7 +271,9 @@ def profile_pair(
         reference_context: the context at which ``c`` and ``g`` are summarised.
         repetitions: timed repetitions per point (after one warm-up): sweeps over every point in turn, so
             that a disturbance of the machine spreads over all points instead of skewing one.
-        tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask).
+        tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask), and time what a
+            tree round adds (trees of :data:`~adaptive.tree_decoder.DEFAULT_SHAPE`'s branching and width): a later
+            level's draft forward over W nodes (``draft_level``) and the tree decoder's own work (``tree_round_work``).
         prefill_lengths: prompt lengths at which a generation's prefill is timed (none: not timed).
     """
     if reference_context not in contexts:
@@ -236,6 +290,8 @@ def profile_pair(
         "order": "interleaved",
     }
     result["draft_step"], result["draft_run"], result["draft_catch_up"], result["verify"], result["copy_step"] = {}, {}, {}, {}, {}
+    if tree_mask:
+        result["tree_shape"], result["draft_level"] = {"branching": DEFAULT_SHAPE.branching, "width": DEFAULT_SHAPE.width}, {}
     catch_ups = range(1, min(CATCH_UP, max_verify) + 1)
     with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:
@@ -248,12 +304,15 @@ def profile_pair(
             copy_session = draft_session(CopyDraft(), target_cache)
             copy_session.forward(context)
             draft_tokens = new[:DRAFT_RUN]  # as many as max_verify allows
+            first_level = _first_level(draft_cache, new[0], DEFAULT_SHAPE) if tree_mask else None
+            levels: list[float] = []
             points = [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)] + [(copy_session, new[:1], False)]
             times: list[list[float]] = [[] for _ in points]
             run: list[list[float]] = [[] for _ in draft_tokens]
             caught: list[list[float]] = [[] for _ in catch_ups]
             for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
                 steps = _timed_draft_run(draft_cache, draft_tokens, clock)  # after the previous sweep's target forwards
+                level = _timed_level(draft_cache, first_level, DEFAULT_SHAPE, clock) if first_level else None
                 seconds, reads = [], []
                 for model, tokens, masked in points:
                     seconds.append(_timed_call(model, tokens, clock, masked))
@@ -262,15 +321,21 @@ def profile_pair(
                 if sweep:
                     for timed, measured in zip([*run, *times, *caught], [*steps, *seconds, *reads]):
                         timed.append(measured)
+                    if level is not None:
+                        levels.append(level)
                 progress.update()
             result["draft_step"][str(ctx)] = _summary([statistics.mean(sweep) for sweep in zip(*run)])
             result["draft_run"][str(ctx)] = [_summary(position) for position in run]
             result["draft_catch_up"][str(ctx)] = [_summary(point) for point in caught]
             result["copy_step"][str(ctx)] = _summary(times[-1])
             result["verify"][str(ctx)] = {str(n): _summary(times[n - 1]) for n in range(1, max_verify + 1)}
+            if tree_mask:
+                result["draft_level"][str(ctx)] = _summary(levels)
     if max_verify >= 2:
         context = torch.randint(0, vocab, (reference_context,), generator=generator).tolist()
         result["round_work"] = round_work(target, draft, context, min(max_verify - 1, CATCH_UP), repetitions=2)
+        if tree_mask:
+            result["tree_round_work"] = tree_round_work(target, draft, context, DEFAULT_SHAPE, max_verify - 1, repetitions=2)
     if prefill_lengths:
         result["prefill"] = prefill_work(target, draft, prefill_lengths, repetitions=2, generator=generator)
     summarise(result)

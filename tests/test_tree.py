@@ -155,6 +155,27 @@ def test_tree_replay_reproduces_live_tree_rounds(target, far_draft, shape, depth
                 ], (size, gamma)
 
 
+def test_tree_replay_prices_a_round_by_the_tree_profile_s_parts(target, near_draft, tiny_tree_traces):
+    """A replayed tree round costs the profile's first draft step, a W-node forward per later level, the target's masked
+    forward of the verified nodes and the tree decoder's own work, at the round's context."""
+    from adaptive.profiling import profile_pair
+    from adaptive.tree_traces import TreeTraceSet
+    from envs.tree_replay import TreeReplayBackend
+
+    profile = profile_pair(target, near_draft, max_verify=8, contexts=(8, 64), reference_context=8, repetitions=1, tree_mask=True, prefill_lengths=())
+    backend = TreeReplayBackend(TreeTraceSet.load(tiny_tree_traces), profile, max_depth=3, size=5)
+    backend.start_prompt(0)
+    emitted = None
+    for _ in range(3):
+        context = backend.context_length
+        backend.draft(), backend.draft(), backend.draft()
+        cycle = backend.verify(5)
+        assert cycle.draft_seconds == pytest.approx(profile.tree_drafting_seconds(context, 3, emitted))
+        assert cycle.verify_seconds == pytest.approx(profile.tree_verifying_seconds(context, 5))
+        assert cycle.draft_seconds > profile.drafting_seconds(context, 3, emitted) - profile.drafting_seconds(context, 1, emitted)
+        emitted = cycle.accepted + 1
+
+
 @pytest.fixture(scope="module")
 def tiny_tree_traces(tmp_path_factory, target, far_draft):
     from adaptive.tree_traces import record_trees

@@ -154,6 +154,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
             f"the decoder's own work per round (outside forwards, {work['rounds']} rounds fitted): drafting {work['draft_fixed_ms']:.3f} + "
             f"{work['draft_token_ms']:.3f}/token ms, verifying {work['verify_fixed_ms']:.3f} + {work['verify_token_ms']:.3f}/token ms"
         )
+    if "tree_round_work" in document:
+        work, level = document["tree_round_work"], document["draft_level"][str(args.reference_context)]["median_ms"]
+        print(
+            f"a tree round (branching {document['tree_shape']['branching']}, width {document['tree_shape']['width']}): each later level's draft "
+            f"forward {level:.2f} ms; the tree decoder's own work ({work['rounds']} rounds fitted): growing {work['draft_fixed_ms']:.3f} + "
+            f"{work['draft_level_ms']:.3f}/level ms, verifying {work['verify_fixed_ms']:.3f} + {work['verify_node_ms']:.3f}/node ms"
+        )
     if "prefill" in document:
         prefill = document["prefill"]
         fits = ", ".join(f"{kind} {prefill[kind]['fixed_ms']:.2f} + {prefill[kind]['token_ms']:.3f}/token ms" for kind in ("plain", "speculative"))
