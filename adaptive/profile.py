@@ -54,12 +54,11 @@ class CostProfile:
     prefill_ms: dict[str, dict[str, float]] | None = None
     """A generation's time outside its rounds (prompt prefill and set-up) by decoding kind (``plain``, ``speculative``),
     fitted: ``fixed_ms`` + ``token_ms`` per prompt token (profiles measured before 2026-12-07 have none)."""
-    draft_level_ms: tuple[float, ...] | None = None
-    """Median time of a tree round's later draft forward (the best W nodes of a level, in one masked forward) per context
-    (profiles measured with the tree mask since 2026-12-07; before, a level was priced as a one-token step)."""
     tree_round_work_ms: dict[str, float] | None = None
-    """The tree decoder's own work per round outside model forwards, fitted: ``draft_fixed_ms`` + ``draft_level_ms`` per
-    level grown, ``verify_fixed_ms`` + ``verify_node_ms`` per verified node (before: the chain decoder's ``round_work``)."""
+    """What a tree round adds, fitted from a tree decode (profiles measured with the tree mask since 2026-12-07; before,
+    a level was priced as a chain's draft step and the chain decoder's ``round_work``): ``level_forward_ms`` per later
+    level's masked draft forward over W nodes; the decoder's own work, ``draft_fixed_ms`` + ``draft_level_ms`` per level
+    grown and ``verify_fixed_ms`` + ``verify_node_ms`` per verified node."""
     document: dict = field(default_factory=dict, repr=False, compare=False)
     """The JSON document this profile was read from or measured as (empty for one built in code)."""
 
@@ -84,7 +83,6 @@ class CostProfile:
             catch_up_ms=tuple(tuple(p["median_ms"] for p in document["draft_catch_up"][str(c)]) for c in contexts) if document.get("draft_catch_up") else None,
             round_work_ms=dict(document["round_work"]) if "round_work" in document else None,
             prefill_ms={kind: dict(document["prefill"][kind]) for kind in ("plain", "speculative")} if "prefill" in document else None,
-            draft_level_ms=tuple(document["draft_level"][str(c)]["median_ms"] for c in contexts) if "draft_level" in document else None,
             tree_round_work_ms=dict(document["tree_round_work"]) if "tree_round_work" in document else None,
             document=document,
         )
@@ -122,7 +120,7 @@ class CostProfile:
                 for key in QUANTILES:
                     point[key] = base + verify_slope * (measured["verify"][ctx][n][key] - base)
         runs = [*derived.get("draft_run", {}).values(), *derived.get("draft_catch_up", {}).values()]
-        for point in [*derived["draft_step"].values(), *derived.get("draft_level", {}).values(), *(p for run in runs for p in run)]:
+        for point in [*derived["draft_step"].values(), *(p for run in runs for p in run)]:
             for key in QUANTILES:
                 point[key] *= draft_scale
         summarise(derived)
@@ -197,13 +195,13 @@ class CostProfile:
         """A tree round's growth of ``levels`` levels: the first level's draft step (priced as a chain's first step,
         :meth:`drafting_seconds`), each later level's masked forward over W nodes, and the tree decoder's own work.
         Profiles without the tree's timings price it as a chain round of ``levels`` steps."""
-        if self.draft_level_ms is None or self.tree_round_work_ms is None:
+        work = self.tree_round_work_ms
+        if work is None:
             return self.drafting_seconds(context, levels, emitted) + self.drafting_work_seconds(levels)
         if not levels:
             return 0.0
-        work = self.tree_round_work_ms
-        later = (levels - 1) * self._interpolate(self.draft_level_ms, context)
-        return self.drafting_seconds(context, 1, emitted) + (later + work["draft_fixed_ms"] + levels * work["draft_level_ms"]) / 1e3
+        own = work["draft_fixed_ms"] + levels * work["draft_level_ms"]
+        return self.drafting_seconds(context, 1, emitted) + ((levels - 1) * work["level_forward_ms"] + own) / 1e3
 
     def tree_verifying_seconds(self, context: int, size: int) -> float:
         """A tree round's verification of ``size`` nodes: the target's masked forward and the tree decoder's own work

@@ -25,7 +25,7 @@ from adaptive.lean import open_cache
 from adaptive.policy import BasePolicy, DraftState, RoundStats
 from adaptive.precision import cpu_flags
 from adaptive.profile import CostProfile, summarise
-from adaptive.tree import DraftTree, TreeShape, attention_mask, grow_level
+from adaptive.tree import TreeShape, attention_mask
 from adaptive.tree_decoder import DEFAULT_SHAPE, TreeDecoder
 
 MATRIX_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
@@ -143,24 +143,6 @@ def _timed_catch_up(session: CachedModel | HeadSession, context: list[int], n: i
     return clock() - start
 
 
-def _first_level(session: CachedModel | HeadSession, token: int, shape: TreeShape) -> DraftTree:
-    """A tree's first level below ``token`` (the session's cache unchanged after)."""
-    length = session.length
-    tree = DraftTree()
-    tree.add_children(-1, session.forward([token])[-1], shape.branching, session.vocabulary)
-    session.rollback(length)
-    return tree
-
-
-def _timed_level(session: CachedModel | HeadSession, first: DraftTree, shape: TreeShape, clock: Clock) -> float:
-    """Seconds of a tree round's later draft forward: ``first``'s best ``shape.width`` nodes in one masked forward
-    (:func:`~adaptive.tree.grow_level`) after the session's cached context, rolled back after."""
-    length = session.length
-    seconds = grow_level(session, [DraftTree(nodes=list(first.nodes))], [length], shape, clock)
-    session.rollback(length)
-    return seconds
-
-
 class _CyclingDepths(BasePolicy):
     """Drafts 1, 2, .., max_depth tokens in turn, reading the draft's features at every step (as learned policies
     and ``confidence`` do: the dearer of the decoder's two ways)."""
@@ -214,18 +196,30 @@ class _CyclingTrees(_CyclingDepths):
 
 
 def tree_round_work(target, draft, context: list[int], shape: TreeShape, max_size: int, repetitions: int) -> dict[str, float]:
-    """The tree decoder's own work per round, outside model forwards (growing and ranking each level, the masks,
-    selecting the verified nodes, acceptance, compacting both caches, emitting), from a short greedy decode after
-    ``context`` that grows every depth up to :data:`TREE_LEVELS` and verifies 1..``max_size`` nodes in turn: drafting's
-    part fitted as fixed + per level, verification's as fixed + per verified node, in ms."""
+    """What a tree round adds to a chain's, timed as the tree decoder runs it: a short greedy decode after ``context``
+    (one untimed first, to warm every shape) grows every depth up to :data:`TREE_LEVELS` and verifies 1..``max_size``
+    nodes in turn. Fitted, in ms: the draft's forwards as the first level's + ``level_forward_ms`` per later level (a
+    masked forward over the W best nodes); the decoder's own work outside forwards (growing and ranking each level,
+    the masks, selecting the verified nodes, acceptance, compacting both caches, emitting) as fixed + per level while
+    drafting and fixed + per verified node while verifying."""
     sizes = tuple(sorted({1, 2, 3, *(n for n in (4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max_size), max_size}))
-    policy = _CyclingTrees(TREE_LEVELS, sizes)
-    decoder = TreeDecoder(target, draft, policy, TreeShape(shape.branching, shape.width, max_size), max_depth=TREE_LEVELS)
+    decoder = TreeDecoder(target, draft, _CyclingTrees(TREE_LEVELS, sizes), TreeShape(shape.branching, shape.width, max_size), max_depth=TREE_LEVELS)
+    decoder.generate(context, ROUND_WORK_TOKENS)
     rounds = [r for _ in range(repetitions) for r in decoder.generate(context, ROUND_WORK_TOKENS).rounds[1:]]
     parts = [r.time_parts() for r in rounds]
+    forwards = _fit_line([r.drafted - 1 for r in rounds], [forward * 1e3 for forward, _, _, _ in parts])
     drafting = _fit_line([r.drafted for r in rounds], [own * 1e3 for _, own, _, _ in parts])
     verifying = _fit_line([r.verified for r in rounds], [own * 1e3 for _, _, _, own in parts])
-    fitted = {"draft_fixed_ms": drafting[0], "draft_level_ms": drafting[1], "verify_fixed_ms": verifying[0], "verify_node_ms": verifying[1]}
+    fitted = {
+        "branching": shape.branching,
+        "width": shape.width,
+        "first_forward_ms": forwards[0],
+        "level_forward_ms": forwards[1],
+        "draft_fixed_ms": drafting[0],
+        "draft_level_ms": drafting[1],
+        "verify_fixed_ms": verifying[0],
+        "verify_node_ms": verifying[1],
+    }
     return {**fitted, "rounds": len(rounds)}
 
 
@@ -271,9 +265,9 @@ def profile_pair(
         reference_context: the context at which ``c`` and ``g`` are summarised.
         repetitions: timed repetitions per point (after one warm-up): sweeps over every point in turn, so
             that a disturbance of the machine spreads over all points instead of skewing one.
-        tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask), and time what a
-            tree round adds (trees of :data:`~adaptive.tree_decoder.DEFAULT_SHAPE`'s branching and width): a later
-            level's draft forward over W nodes (``draft_level``) and the tree decoder's own work (``tree_round_work``).
+        tree_mask: time verifications as the tree decoder runs them (explicit tree attention mask), and what a tree
+            round adds, from a short tree decode (``tree_round_work``; trees of
+            :data:`~adaptive.tree_decoder.DEFAULT_SHAPE`'s branching and width).
         prefill_lengths: prompt lengths at which a generation's prefill is timed (none: not timed).
     """
     if reference_context not in contexts:
@@ -290,8 +284,6 @@ def profile_pair(
         "order": "interleaved",
     }
     result["draft_step"], result["draft_run"], result["draft_catch_up"], result["verify"], result["copy_step"] = {}, {}, {}, {}, {}
-    if tree_mask:
-        result["tree_shape"], result["draft_level"] = {"branching": DEFAULT_SHAPE.branching, "width": DEFAULT_SHAPE.width}, {}
     catch_ups = range(1, min(CATCH_UP, max_verify) + 1)
     with tqdm(total=len(contexts) * (repetitions + 1), desc="profile", unit="sweep") as progress:
         for ctx in contexts:
@@ -304,15 +296,12 @@ def profile_pair(
             copy_session = draft_session(CopyDraft(), target_cache)
             copy_session.forward(context)
             draft_tokens = new[:DRAFT_RUN]  # as many as max_verify allows
-            first_level = _first_level(draft_cache, new[0], DEFAULT_SHAPE) if tree_mask else None
-            levels: list[float] = []
             points = [(target_cache, new[:n], tree_mask) for n in range(1, max_verify + 1)] + [(copy_session, new[:1], False)]
             times: list[list[float]] = [[] for _ in points]
             run: list[list[float]] = [[] for _ in draft_tokens]
             caught: list[list[float]] = [[] for _ in catch_ups]
             for sweep in range(repetitions + 1):  # sweep 0 warms every shape up; each later sweep times every point once
                 steps = _timed_draft_run(draft_cache, draft_tokens, clock)  # after the previous sweep's target forwards
-                level = _timed_level(draft_cache, first_level, DEFAULT_SHAPE, clock) if first_level else None
                 seconds, reads = [], []
                 for model, tokens, masked in points:
                     seconds.append(_timed_call(model, tokens, clock, masked))
@@ -321,16 +310,12 @@ def profile_pair(
                 if sweep:
                     for timed, measured in zip([*run, *times, *caught], [*steps, *seconds, *reads]):
                         timed.append(measured)
-                    if level is not None:
-                        levels.append(level)
                 progress.update()
             result["draft_step"][str(ctx)] = _summary([statistics.mean(sweep) for sweep in zip(*run)])
             result["draft_run"][str(ctx)] = [_summary(position) for position in run]
             result["draft_catch_up"][str(ctx)] = [_summary(point) for point in caught]
             result["copy_step"][str(ctx)] = _summary(times[-1])
             result["verify"][str(ctx)] = {str(n): _summary(times[n - 1]) for n in range(1, max_verify + 1)}
-            if tree_mask:
-                result["draft_level"][str(ctx)] = _summary(levels)
     if max_verify >= 2:
         context = torch.randint(0, vocab, (reference_context,), generator=generator).tolist()
         result["round_work"] = round_work(target, draft, context, min(max_verify - 1, CATCH_UP), repetitions=2)

@@ -81,25 +81,21 @@ def tree_measured(target, near_draft):
     return profile_pair(target, near_draft, max_verify=6, contexts=(8, 32), reference_context=32, repetitions=2, tree_mask=True, prefill_lengths=())
 
 
-def test_a_tree_profile_times_a_tree_round_s_later_levels_and_the_tree_decoder_s_own_work(tree_measured, profile, measured):
-    """With the tree mask the profile times a later level's draft forward over W nodes at each context and fits the
-    tree decoder's own work from a short tree decode (fixed + per level, fixed + per verified node, none below 0); tree
-    replay prices a round from them, and from the chain's parts where a profile lacks them."""
-    document = tree_measured.document
-    assert document["tree_shape"] == {"branching": DEFAULT_SHAPE.branching, "width": DEFAULT_SHAPE.width}
-    for ctx in ("8", "32"):
-        level = document["draft_level"][ctx]
-        assert 0 < level["p25_ms"] <= level["median_ms"] <= level["p75_ms"]
-    work = document["tree_round_work"]
+def test_a_tree_profile_times_what_a_tree_round_adds_as_the_tree_decoder_runs_it(tree_measured, profile, measured):
+    """With the tree mask the profile fits, from a short tree decode, a later level's draft forward over W nodes and the
+    tree decoder's own work (fixed + per level, fixed + per verified node, none below 0); tree replay prices a round
+    from them, and from the chain's parts where a profile lacks them."""
+    work = tree_measured.document["tree_round_work"]
+    assert (work["branching"], work["width"]) == (DEFAULT_SHAPE.branching, DEFAULT_SHAPE.width)
     assert work["rounds"] > 10 and min(work[key] for key in work if key.endswith("_ms")) >= 0
-    assert work["draft_level_ms"] + work["verify_node_ms"] > 0  # a deeper or wider round does more of its own work
+    assert work["level_forward_ms"] > 0 and work["draft_level_ms"] + work["verify_node_ms"] > 0  # deeper or wider rounds cost more
     first = tree_measured.drafting_seconds(32, 1, 3)
-    later = 2 * document["draft_level"]["32"]["median_ms"]
-    assert tree_measured.tree_drafting_seconds(32, 3, 3) == pytest.approx(first + (later + work["draft_fixed_ms"] + 3 * work["draft_level_ms"]) / 1e3)
+    own = work["draft_fixed_ms"] + 3 * work["draft_level_ms"]
+    assert tree_measured.tree_drafting_seconds(32, 3, 3) == pytest.approx(first + (2 * work["level_forward_ms"] + own) / 1e3)
     assert tree_measured.tree_verifying_seconds(32, 4) == pytest.approx(
         tree_measured.verify_seconds(32, 4) + (work["verify_fixed_ms"] + 4 * work["verify_node_ms"]) / 1e3
     )
-    assert "draft_level" not in profile and "tree_round_work" not in profile  # a chain profile times none of it
+    assert "tree_round_work" not in profile  # a chain profile times none of it
     assert measured.tree_drafting_seconds(32, 3, 3) == pytest.approx(measured.drafting_seconds(32, 3, 3) + measured.drafting_work_seconds(3))
     assert measured.tree_verifying_seconds(32, 4) == pytest.approx(measured.verify_seconds(32, 4) + measured.verifying_work_seconds(4))
 
