@@ -14,11 +14,14 @@ also prices every live round as replay does (the profile's draft run at the roun
 verification of the round's size) and splits what live costs beyond that into four parts: the draft's forwards
 against the profile's draft steps, the drafting round's own work outside them (features, sampling, the policy's
 state), the target's verifying forward against the profile's, and the verification's own work (acceptance,
-rollback, emitting). That is where replay's modelled time parts from live.
+rollback, emitting). That is where replay's modelled time parts from live. With ``--tree K,W,V`` every configuration
+decodes draft trees of that shape (depths are levels), the profile is measured with the tree mask, and rounds are
+priced as tree replay prices them (a later level's W-node forward, the tree decoder's own work).
 
 Run: .venv/bin/python benchmarks/round_costs.py --policy benchmarks/kept-policies/quickstart --depths 3,8 [--per-language 2] [--repeats 2]
      .venv/bin/python benchmarks/round_costs.py --policy static:5 --depths 2,5,8 --cycle 2,8 --with-features
      .venv/bin/python benchmarks/round_costs.py --engine compiled-int4 --policy confidence --depths 1,3,5 --profile auto
+     .venv/bin/python benchmarks/round_costs.py --engine compiled-int4 --policy static:2 --depths 4,6 --tree 4,4,4 --profile auto
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from adaptive.policy import BasePolicy, DraftPolicy, DraftState, RoundStats
 from adaptive.precision import CHOICES as DTYPE_CHOICES
 from adaptive.precision import DEFAULT_DTYPE
 from adaptive.profile import CostProfile
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
 from adaptive.workload import LANGUAGES, chat_ids, load_prompts
 from lab.background import live_measurement
 from lab.environments import quick_profile
@@ -66,16 +71,25 @@ class FeaturedStaticDepth(StaticDepth):
     reads_step_features = True
 
 
-def measure(pair, makers: dict[str, Callable[[], DraftPolicy]], prompts: list[list[int]], new_tokens: int, repeats: int, max_depth: int) -> dict[str, dict]:
+def measure(
+    pair, makers: dict[str, Callable[[], DraftPolicy]], prompts: list[list[int]], new_tokens: int, repeats: int, max_depth: int, tree: TreeShape | None = None
+) -> dict[str, dict]:
     """Per configuration: wall seconds, tokens, rounds, drafted tokens, and per drafted depth the rounds'
-    (draft ms, verify ms, policy ms, context, accepted), and every generation's rounds (``generations``)."""
+    (draft ms, verify ms, policy ms, context, accepted), and every generation's rounds (``generations``); chains, or
+    trees of shape ``tree``."""
+
+    def decoder(policy: DraftPolicy):
+        if tree is None:
+            return SpeculativeDecoder(pair.target, pair.draft, policy, max_depth=max_depth)
+        return TreeDecoder(pair.target, pair.draft, policy, tree, max_depth=max_depth)
+
     names = list(makers)
     found = {name: {"wall": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "by_depth": defaultdict(list), "generations": []} for name in names}
-    SpeculativeDecoder(pair.target, pair.draft, makers[names[0]](), max_depth=max_depth).generate(prompts[0], 8)  # warm-up
+    decoder(makers[names[0]]()).generate(prompts[0], 8)  # warm-up
     for repeat in range(repeats):
         for index, ids in enumerate(prompts):
             for spec in rotation(names, index + repeat):
-                result = SpeculativeDecoder(pair.target, pair.draft, makers[spec](), max_depth=max_depth).generate(ids, new_tokens)
+                result = decoder(makers[spec]()).generate(ids, new_tokens)
                 entry = found[spec]
                 entry["wall"] += result.total_time
                 entry["tokens"] += len(result.token_ids)
@@ -113,26 +127,31 @@ def report(found: dict[str, dict], depths: list[int]) -> list[str]:
 PARTS = ("draft forwards", "draft's own work", "target forward", "verification's own work")
 
 
-def against_profile(generations: list[list[RoundStats]], profile: CostProfile) -> dict[str, float]:
+def against_profile(generations: list[list[RoundStats]], profile: CostProfile, tree: bool = False) -> dict[str, float]:
     """Live seconds of the generations' rounds (draft + verify, the policy apart) and replay's price of the same
     rounds, with live's four parts beside the profile's two (draft forwards and own work against the profile's draft
-    run; the target's forward and the verification's own work against its verification)."""
+    run; the target's forward and the verification's own work against its verification); tree rounds as tree replay
+    prices them."""
     live = {part: 0.0 for part in PARTS}
     modelled_draft = modelled_verify = 0.0
     for r, emitted in ((r, rounds[i - 1].emitted if i else None) for rounds in generations for i, r in enumerate(rounds)):
         for part, seconds in zip(PARTS, r.time_parts()):
             live[part] += seconds
+        if tree:
+            modelled_draft += profile.tree_drafting_seconds(r.context_length, r.drafted, emitted)
+            modelled_verify += profile.tree_verifying_seconds(r.context_length, r.verified)
+            continue
         modelled_draft += profile.drafting_seconds(r.context_length, r.drafted, emitted) + profile.drafting_work_seconds(r.drafted)
         modelled_verify += profile.verify_seconds(r.context_length, r.verified) + profile.verifying_work_seconds(r.verified)
     return {**live, "modelled draft": modelled_draft, "modelled verify": modelled_verify}
 
 
-def profile_lines(found: dict[str, dict], profile: CostProfile) -> list[str]:
+def profile_lines(found: dict[str, dict], profile: CostProfile, tree: bool = False) -> list[str]:
     """Per configuration: replay's price of its live rounds against their live time, and live's four parts."""
     lines = ["replay's price of the live rounds (ms per round; error = replay / live - 1):"]
     for spec, entry in found.items():
         rounds = max(1, sum(len(g) for g in entry["generations"]))
-        cost = {key: value * 1e3 / rounds for key, value in against_profile(entry["generations"], profile).items()}
+        cost = {key: value * 1e3 / rounds for key, value in against_profile(entry["generations"], profile, tree).items()}
         live = sum(cost[part] for part in PARTS)
         modelled = cost["modelled draft"] + cost["modelled verify"]
         lines.append(
@@ -156,6 +175,7 @@ def main() -> None:
     parser.add_argument("--profile", help="a cost profile to price the live rounds with, or auto (measured first, here)")
     parser.add_argument("--cycle", help="also a rule drafting these depths in turn, e.g. 2,8")
     parser.add_argument("--with-features", action="store_true", help="also each static depth reading the draft's features at every step")
+    parser.add_argument("--tree", help="decode draft trees of this shape K,W,V instead of chains (depths are levels)")
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     if not all(1 <= d <= args.max_depth for d in depths):
@@ -172,18 +192,21 @@ def main() -> None:
         if not all(1 <= d <= args.max_depth for d in cycle):
             raise SystemExit(f"--cycle depths must lie in 1..{args.max_depth}, got {args.cycle}")
         makers[f"cycle:{args.cycle}"] = lambda: CycleDepths(cycle)
+    tree = TreeShape.parse(args.tree) if args.tree else None
     with live_measurement():  # background data work waits meanwhile
         profile = None
         if args.profile:
-            profile = quick_profile(pair, args.max_depth + 1) if args.profile == "auto" else CostProfile.load(args.profile)
-        found = measure(pair, makers, prompts, args.new_tokens, args.repeats, args.max_depth)
+            verified = max(args.max_depth, tree.size if tree else 0) + 1
+            profile = quick_profile(pair, verified, tree_mask=tree is not None) if args.profile == "auto" else CostProfile.load(args.profile)
+        found = measure(pair, makers, prompts, args.new_tokens, args.repeats, args.max_depth, tree)
     print(
-        f"default pair at {args.dtype} on {args.engine}, greedy, {len(prompts)} val prompts x {args.new_tokens} tokens,"
+        f"default pair at {args.dtype} on {args.engine}, greedy, {f'trees {args.tree}' if tree else 'chains'},"
+        f" {len(prompts)} val prompts x {args.new_tokens} tokens,"
         f" {args.repeats} repeats in rotating order" + (f"; profile {args.profile} (measured {profile.document.get('measured_at')})" if profile else "")
     )
     print("\n".join(report(found, depths)))
     if profile is not None:
-        print("\n".join(profile_lines(found, profile)))
+        print("\n".join(profile_lines(found, profile, tree is not None)))
 
 
 if __name__ == "__main__":
