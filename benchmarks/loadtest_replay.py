@@ -17,7 +17,6 @@ Run: .venv/bin/python benchmarks/loadtest_replay.py --batch-profile PROFILE.json
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from pool_loadtests import pool, run_ratios
@@ -26,7 +25,7 @@ from adaptive.batch_profile import BatchCostProfile
 from adaptive.traces import TraceSet
 from envs.batch_replay import BatchReplayEnv
 from lab.batch_training import DEFAULT_DECISION_MS, replay_load
-from lab.loadtest import mixed_prompt_rows
+from lab.loadtest import mixed_prompt_rows, read_result
 from policies.batch import make_batch_policy
 
 TEST_TRACES = Path("data/traces/smollm2-135m-test.npz")
@@ -67,7 +66,7 @@ def main() -> None:
     env = BatchReplayEnv(traces, profile, loads, 0.0, min(args.max_depth, traces.depth, profile.max_depth), decision_ms=args.decision_ms)
     indices = stream(traces, args.requests, args.split)
     policies = {spec: make_batch_policy(spec, profile) for spec in args.policy}
-    results = [json.loads(path.read_text()) for path in args.live]
+    results = [read_result(path) for path in args.live]
     live = pool(results) if results else {}
     print(
         f"replayed: {args.requests} {args.split} requests as the load test sends them ({args.traces}), costs of {args.batch_profile},"

@@ -17,13 +17,12 @@ Run: .venv/bin/python benchmarks/pool_loadtests.py benchmarks/results/loadtests/
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
 from lab.evaluation import paired_ratio
-from lab.loadtest import summary
+from lab.loadtest import read_result, summary
 
 SAME = ("max_new_tokens", "max_depth", "slo_tpot_ms", "seed")
 """Settings the pooled files must share."""
@@ -68,7 +67,7 @@ def run_ratios(mine: list[dict], base: list[dict], slo_tpot_ms: float, resamples
 def same_outputs(mine: list[dict], base: list[dict]) -> tuple[int, tuple[int, int]]:
     """Of requests paired in order, how many decoded the very same tokens, and the tokens each side decoded: at bf16
     a near-tie can flip with the batch's shapes, and two policies then decode different text (of other acceptance)."""
-    same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(mine, base))
+    same = sum(a["output_digest"] == b["output_digest"] for a, b in zip(mine, base))
     return same, (sum(r["tokens"] for r in mine), sum(r["tokens"] for r in base))
 
 
@@ -110,7 +109,7 @@ def main() -> None:
     parser.add_argument("results", nargs="+", type=Path, help="result.json files of `adaptive loadtest` runs")
     parser.add_argument("--versus", required=True, help="the policy (as named in the results) every other one is set against")
     args = parser.parse_args()
-    results = [json.loads(path.read_text()) for path in args.results]
+    results = [read_result(path) for path in args.results]
     print("\n".join(compare(pool(results), args.versus, results[0]["settings"]["slo_tpot_ms"])))
 
 

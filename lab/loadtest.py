@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from adaptive.batch_decoder import BatchedSpeculativeDecoder, RequestResult
 from adaptive.divergence import first_divergence
+from adaptive.files import read_json
 from adaptive.generation import Clock
 from adaptive.pair import ModelPair
 from adaptive.policy import BatchPolicy
@@ -209,7 +210,58 @@ def request_row(result: RequestResult, prompt: int, lang: str) -> dict:
         "rounds": len(result.accepted),
         "accepted": sum(result.accepted),
         "token_ids": result.token_ids,
+        "output_digest": output_digest(result.token_ids),
     }
+
+
+def output_digest(token_ids: Sequence[int]) -> str:
+    """A short fingerprint of a request's output (result files keep no token ids): equal outputs, equal digests."""
+    return hashlib.blake2b(np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+
+
+RESULT_FILE = "result.json"
+GAPS_FILE = "gaps.npz"
+
+
+def write_result(result: dict, folder: Path) -> None:
+    """A load test's result as files to keep: ``result.json`` holds the settings, each load's summary and each
+    request's row without its token ids (their :func:`output_digest` instead) or inter-token gaps, which go to
+    ``gaps.npz`` (float32 seconds per run, compressed); the runs' per-round records stay out (each load's summary
+    holds what they tell). :func:`read_result` reads both back."""
+    arrays: dict[str, np.ndarray] = {}
+    loads = {}
+    for label, load in result["loads"].items():
+        runs = {}
+        for name, repeats in load["runs"].items():
+            kept = []
+            for run in repeats:
+                key = f"run{len(arrays) // 2}"
+                arrays[f"{key}_gaps"] = np.array([g for row in run["rows"] for g in row["gaps"]], dtype=np.float32)
+                arrays[f"{key}_counts"] = np.array([len(row["gaps"]) for row in run["rows"]], dtype=np.int64)
+                rows = [{k: v for k, v in row.items() if k not in ("token_ids", "gaps")} for row in run["rows"]]
+                kept.append({"wall": run["wall"], "peak_mib": run["peak_mib"], "gaps": key, "rows": rows})
+            runs[name] = kept
+        loads[label] = {**load, "runs": runs}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RESULT_FILE).write_text(json.dumps({**result, "loads": loads}, indent=1))
+    np.savez_compressed(folder / GAPS_FILE, **arrays)
+
+
+def read_result(path: str | Path) -> dict:
+    """A load test's ``result.json`` with each request's inter-token gaps back from the ``gaps.npz`` beside it (read
+    without pickles); results written before it keep their gaps inline, and their token ids become digests."""
+    path = Path(path)
+    result = read_json(path, "load-test result")
+    runs = [run for load in result["loads"].values() for repeats in load["runs"].values() for run in repeats]
+    if any(isinstance(run.get("gaps"), str) for run in runs):
+        with np.load(path.parent / GAPS_FILE, allow_pickle=False) as arrays:
+            for run in runs:
+                gaps, counts = arrays[f"{run['gaps']}_gaps"].astype(float), arrays[f"{run['gaps']}_counts"]
+                for row, piece in zip(run["rows"], np.split(gaps, np.cumsum(counts)[:-1]), strict=True):
+                    row["gaps"] = piece.tolist()
+    for row in (row for run in runs for row in run["rows"] if "token_ids" in row):
+        row["output_digest"] = output_digest(row.pop("token_ids"))
+    return result
 
 
 def summary(rows: list[dict], wall: float, slo_tpot_ms: float) -> dict:
@@ -387,5 +439,5 @@ def summarise_load(runs: dict[str, list[dict]], baseline: str, slo_tpot_ms: floa
             "verdict": verdict(low, high),
             "throughput_ratio": throughput,
         }
-        result[name]["divergent_requests"] = sum(a["token_ids"] != b["token_ids"] for a, b in zip(rows, base))
+        result[name]["divergent_requests"] = sum(a["output_digest"] != b["output_digest"] for a, b in zip(rows, base))
     return result

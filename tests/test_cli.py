@@ -228,6 +228,15 @@ def test_loadtest_compares_plain_and_speculative_batches_under_load(model_folder
     assert set(schedule["2"]) == {"2"} and all(set(d) == {"4"} for b, d in schedule.items() if b == "1")
     assert "### concurrency 2 (6 requests)" in result.stdout and (out / "report.md").is_file() and (out / "load.png").is_file()
     assert not list(out.glob("*.partial.jsonl"))  # the checkpoint of finished loads goes once the result is written
+    from lab.loadtest import read_result, summary
+
+    assert "token_ids" not in (out / "result.json").read_text() and (out / "gaps.npz").is_file()  # outputs kept as digests, gaps apart
+    back = read_result(out / "result.json")["loads"]["concurrency 2"]
+    for name, repeats in back["runs"].items():  # the kept rows and gaps give the summary again
+        rows = [row for run in repeats for row in run["rows"]]
+        assert len(rows) == 6 * len(repeats) and all(len(row["gaps"]) == row["tokens"] - 1 for row in rows)
+        again = summary(rows, sum(run["wall"] for run in repeats), data["settings"]["slo_tpot_ms"])
+        assert again["itl_ms"]["p95"] == pytest.approx(back["summary"][name]["all"]["itl_ms"]["p95"], rel=1e-5)
     assert "depth by batch size" in result.stdout and "2:2" in result.stdout
     rated = run("loadtest", *pair, *common, "--rate", "200", "--max-batch", "4", "--interleave", "--out", str(tmp_path / "rate"))
     assert rated.returncode == 0, rated.stderr

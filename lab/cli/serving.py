@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from lab.batch_training import CAPPED, DEFAULT_DECISION_MS, ORACLE, ORACLE_CAPPE
 from lab.cli.commands import add_command
 from lab.cli.common import add_engine_argument, add_pair_arguments, pair_from_arguments
 from lab.config import PPOConfig
-from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, warm_up
+from lab.loadtest import Load, LoadTestSettings, load_test, mixed_prompts, warm_up, write_result
 from lab.plots import plot_load_test
 from lab.report import format_table
 from lab.runs import check_output_folder
@@ -135,8 +134,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         "policies": policies,
         "batch_profile": args.batch_profile,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(result, indent=1))
+    write_result(result, out)
     lines = report_lines(result)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     plot_load_test(result, out / "load.png")
