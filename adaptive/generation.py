@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -316,19 +316,30 @@ class Decoder(ABC):
         prompt_ids = prompt_token_ids(prompt, self.tokenizer)
         return self._begin(prompt_ids, self.budget(prompt_ids, max_new_tokens), seed)
 
-    def generate(self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, seed: int | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 128,
+        seed: int | None = None,
+        on_round: Callable[[RoundStats], None] | None = None,
+    ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (fewer where the context fills: stop reason
-        ``context``); return tokens, text and statistics."""
+        ``context``); return tokens, text and statistics. ``on_round`` sees each round as it completes (e.g. to
+        stream its tokens); its own time is left out of the generation's."""
         prompt_ids = prompt_token_ids(prompt, self.tokenizer)
         output = self.budget(prompt_ids, max_new_tokens)
         start = self.clock()
         rounds: list[RoundStats] = []
-        first_token_time = 0.0
+        first_token_time = outside = 0.0
         for stats in self._rounds(prompt_ids, output, seed):
             if not rounds:
                 first_token_time = self.clock() - start
             rounds.append(stats)
-        total = self.clock() - start
+            if on_round is not None:
+                t0 = self.clock()
+                on_round(stats)
+                outside += self.clock() - t0
+        total = self.clock() - start - outside
         prefill = total - sum(r.total_time for r in rounds)
         text = self.tokenizer.decode(output.tokens, skip_special_tokens=True) if self.tokenizer else None
         return GenerationResult(prompt_ids, output.tokens, rounds, prefill, total, output.stop_reason, text, first_token_time)

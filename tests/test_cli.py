@@ -67,6 +67,32 @@ def test_generate_prints_rounds_and_speedup(model_folders):
     assert "| round | context | drafted | verified | accepted | emitted |" in result.stdout
     assert "speedup over plain decoding:" in result.stdout
     assert "greedy outputs: identical" in result.stdout
+    assert "prompt: the tokenizer's chat template" in result.stdout  # an instruct tokenizer: templated by default
+    raw = run("generate", "--target", model_folders["target"], "--draft", model_folders["draft"], "--max-new-tokens", "8", "--raw", "the cat sat")
+    assert raw.returncode == 0, raw.stderr
+    assert "prompt: as given" in raw.stdout and "the cat sat\n--> " in raw.stdout
+
+
+def test_the_text_stream_prints_each_round_s_new_text_and_holds_back_a_split_character(capsys):
+    """A byte-level tokenizer spells a CJK character in three tokens: a round that ends inside it prints nothing of
+    it until the round that completes it; the printed pieces add up to the decoded output."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from adaptive.policy import RoundStats
+    from lab.cli.decoding import TextStream
+
+    bpe = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, []))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    ids = tokenizer.encode("a猫b")
+    assert len(ids) == 5  # a, three bytes of 猫, b
+    stream, printed = TextStream(tokenizer), []
+    for piece in (ids[:2], ids[2:3], ids[3:]):
+        stream(RoundStats(0, len(piece), len(piece), len(piece) - 1, len(piece), tuple(piece), 0.0, 0.0, 0.0, 0.0))
+        printed.append(capsys.readouterr().out)
+    stream.finish()
+    assert printed == ["a", "", "猫b"] and capsys.readouterr().out == "\n\n"  # the line ends, a blank one follows
 
 
 @pytest.mark.slow

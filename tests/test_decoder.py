@@ -78,6 +78,17 @@ def test_stream_yields_the_same_rounds_as_generate(target, near_draft):
     assert streamed == decoder.generate([1, 2], 30, seed=11).token_ids
 
 
+def test_generate_shows_each_round_as_it_completes_and_leaves_its_time_out(target, near_draft):
+    """``on_round`` sees every round in order (what ``adaptive generate`` streams); what it spends is not the generation's."""
+    import time
+
+    decoder = SpeculativeDecoder(target, near_draft, StaticDepth(3), SamplingConfig(0.9))
+    seen = []
+    result = decoder.generate([1, 2], 30, seed=11, on_round=lambda stats: (seen.append(stats), time.sleep(0.05)))
+    assert seen == result.rounds and [t for stats in seen for t in stats.tokens] == decoder.generate([1, 2], 30, seed=11).token_ids
+    assert result.total_time < 0.05 * len(seen)
+
+
 def test_sampling_is_reproducible_from_the_seed(target, far_draft):
     decoder = SpeculativeDecoder(target, far_draft, StaticDepth(2), SamplingConfig(1.0, top_k=8))
     assert decoder.generate([1], 25, seed=4).token_ids == decoder.generate([1], 25, seed=4).token_ids

@@ -11,6 +11,7 @@ from adaptive import costmodel, exactness
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.divergence import first_divergence
 from adaptive.generation import prompt_token_ids
+from adaptive.policy import RoundStats
 from adaptive.profile import CostProfile
 from adaptive.sampling import SamplingConfig
 from adaptive.tree import TreeShape
@@ -75,14 +76,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chain = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
         run = functools.partial(chain.generate, seed=args.seed)
         mode = "chain"
-    prompt = chat_ids(pair.tokenizer, args.prompt) if args.chat else args.prompt
+    templated = not args.raw and bool(getattr(pair.tokenizer, "chat_template", None))
+    prompt = chat_ids(pair.tokenizer, args.prompt) if templated else args.prompt
     if args.warmup:
         run(prompt, min(8, args.max_new_tokens))
-    result = run(prompt, args.max_new_tokens)
-    print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}  engine: {args.engine}\n")
+    form = "the tokenizer's chat template (--raw: as given)" if templated else "as given" + ("" if args.raw else " (the tokenizer has no chat template)")
+    print(f"pair: {pair.name}  {mode}  policy: {policy.name}  sampling: {sampling.describe()}  dtype: {args.dtype}  engine: {args.engine}")
+    print(f"prompt: {form}\n\n{args.prompt}\n--> ", end="", flush=True)
+    stream = TextStream(pair.tokenizer)
+    result = run(prompt, args.max_new_tokens, on_round=stream)
+    stream.finish()
     if result.stop_reason == "context":
         print(f"note: stopped after {len(result.token_ids)} new tokens, where the prompt and the output fill the model's positions\n")
-    print(f"{args.prompt}\n--> {result.text}\n")
     if not args.quiet_rounds:
         print_rounds(result)
     rows = [summary_row(f"speculative ({policy.name})", result)]
@@ -103,6 +108,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "forward round differently, so near-ties can flip: the output still follows the target's verification forward)"
                 )
     return 0
+
+
+class TextStream:
+    """Prints a generation's text as its rounds are accepted: the whole output is decoded again each round (so that
+    tokens which only make sense together print right) and what is new is printed; a character still incomplete
+    (the replacement character at the end) waits for the next round."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.tokens, self.shown = tokenizer, [], 0
+
+    def _text(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+
+    def __call__(self, stats: RoundStats) -> None:
+        self.tokens += stats.tokens
+        text = self._text()
+        ready = len(text.rstrip("\ufffd"))
+        if ready > self.shown:
+            print(text[self.shown : ready], end="", flush=True)
+            self.shown = ready
+
+    def finish(self) -> None:
+        """Print what is left, end the line and leave a blank one."""
+        print(self._text()[self.shown :] + "\n", flush=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -175,7 +204,7 @@ def register(commands) -> None:
         "--tree", metavar="K,W,V", help="draft trees (greedy only): K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32"
     )
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    gen.add_argument("--raw", action="store_true", help="feed the prompt as given (default: in the tokenizer's chat template, where it has one)")
     gen.add_argument("--compare", action="store_true", help="also run plain target decoding and print the speedup")
     gen.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the short warm-up generation")
     gen.add_argument("--quiet-rounds", action="store_true", help="do not print the per-round table")
