@@ -35,7 +35,7 @@ class TreeReplayBackend(TraceReplay):
         self._max_size = min(traces.rank.shape[1], profile.max_verify)
         self.size = traces.metadata["size"] if size is None else size
         if not 1 <= self.size <= profile.max_verify:
-            raise ValueError(f"size must lie in 1..{profile.max_verify} (the profile's largest verification), got {size}")
+            raise ValueError(f"size must lie in 1..{profile.max_verify} (the profile's largest verification), got {self.size}")
         self._setup(traces, profile)
         self._need = nodes_needed(traces.rank, traces.depth, traces.on_path, traces.max_depth).tolist()
         grown = [(traces.depth >= 1) & (traces.depth <= d) for d in range(1, traces.max_depth + 1)]
