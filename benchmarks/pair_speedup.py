@@ -304,7 +304,11 @@ def main() -> None:
     report = run(args)
     table = summarise(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_name(args.out.name + ".json").write_text(json.dumps(report, indent=1))  # not with_suffix: OUT may hold a dot (pair_speedup_t0.7)
+    kept = {
+        **report,
+        "runs": {sampling: {name: [live_protocol.kept_row(r) for r in rows] for name, rows in live.items()} for sampling, live in report["runs"].items()},
+    }
+    args.out.with_name(args.out.name + ".json").write_text(json.dumps(kept))  # one line, under 1 MB; not with_suffix: OUT may hold a dot (pair_speedup_t0.7)
     args.out.with_name(args.out.name + ".md").write_text(table + "\n")
     for temperature in args.temperatures:
         partial_path(args.out, SamplingConfig(temperature)).unlink()

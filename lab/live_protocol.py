@@ -273,6 +273,34 @@ def _row(prompt: dict, runs: list, plain_tokens: list[int]) -> dict:
     }
 
 
+def output_digest(token_ids: Sequence[int]) -> str:
+    """A short fingerprint of a generation's output (result files keep no token ids): equal outputs, equal digests."""
+    return hashlib.blake2b(np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+
+
+def kept_row(row: dict) -> dict:
+    """A live row as a result file keeps it: its output as a digest (:func:`output_digest`) instead of token ids, and
+    its per-token gaps (each round's time over the tokens it emitted) as runs ``[seconds, tokens]``, one per round."""
+    kept = {key: value for key, value in row.items() if key not in ("token_ids", "gaps")}
+    if "token_ids" in row:
+        kept["output_digest"] = output_digest(row["token_ids"])
+    runs: list[list[float]] = []
+    for gap in row["gaps"]:
+        if isinstance(gap, list):  # already kept
+            runs.append(gap)
+        elif runs and runs[-1][0] == gap:
+            runs[-1][1] += 1
+        else:
+            runs.append([gap, 1])
+    kept["gaps"] = runs
+    return kept
+
+
+def _gaps(row: dict) -> list[float]:
+    """A row's per-token gaps, whether as measured or as :func:`kept_row` keeps them."""
+    return [g for gap in row["gaps"] for g in ([gap[0]] * int(gap[1]) if isinstance(gap, list) else [gap])]
+
+
 def ratio_interval(rows: list[dict], baseline: list[dict]) -> tuple[float, float, float]:
     """(ratio, low, high) of the rate of ``rows`` over that of ``baseline`` (same prompts, same order)."""
     if [r["id"] for r in rows] != [r["id"] for r in baseline]:
@@ -283,7 +311,7 @@ def ratio_interval(rows: list[dict], baseline: list[dict]) -> tuple[float, float
 def summary(rows: list[dict], plain: list[dict]) -> dict:
     """One configuration's live numbers against plain decoding on the same prompts."""
     tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
-    gaps = np.array([g for r in rows for g in r["gaps"]])
+    gaps = np.array([g for r in rows for g in _gaps(r)])
     speedup, low, high = ratio_interval(rows, plain)
     return {
         "tokens_per_second": tokens / seconds,

@@ -40,7 +40,7 @@ from lab import live_protocol
 from lab.background import live_measurement
 from lab.checkpoints import Checkpoint
 from lab.evaluation import paired_ratio, verdict
-from lab.live_protocol import TurnClock
+from lab.live_protocol import TurnClock, output_digest
 from lab.memory import PeakMemory
 
 PERCENTILES = (50, 95, 99)
@@ -212,11 +212,6 @@ def request_row(result: RequestResult, prompt: int, lang: str) -> dict:
         "token_ids": result.token_ids,
         "output_digest": output_digest(result.token_ids),
     }
-
-
-def output_digest(token_ids: Sequence[int]) -> str:
-    """A short fingerprint of a request's output (result files keep no token ids): equal outputs, equal digests."""
-    return hashlib.blake2b(np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
 
 
 RESULT_FILE = "result.json"

@@ -54,6 +54,12 @@ def test_measure_rotates_repeats_and_keeps_medians(target, near_draft):
     summary = live_protocol.summarise(live)
     assert summary["plain"]["all"]["speedup"] == pytest.approx(1.0)
     assert summary["static:3"]["all"]["low"] <= summary["static:3"]["all"]["speedup"] <= summary["static:3"]["all"]["high"]
+    kept = {name: [live_protocol.kept_row(r) for r in rows] for name, rows in live.items()}  # as a result file keeps them
+    assert live_protocol.summarise(kept) == summary
+    row, again = live["static:3"][0], kept["static:3"][0]
+    assert "token_ids" not in again and again["output_digest"] == live_protocol.output_digest(row["token_ids"])
+    assert sum(n for _, n in again["gaps"]) == len(row["gaps"]) and len(again["gaps"]) == row["rounds"]  # one run per round
+    assert live_protocol.kept_row(again) == again
     with pytest.raises(ValueError, match="repeats"):
         live_protocol.measure(target, PROMPTS, IDS, decoders, new_tokens=4, repeats=0)
 
