@@ -1,4 +1,4 @@
-"""Draft trees (EAGLE-2 style) for greedy speculative decoding: grow, select, mask, accept.
+"""Draft trees (EAGLE-2 style) for speculative decoding: grow, select, mask, accept (greedy and sampled).
 
 A tree hangs below the last confirmed token (the root). Growing it one depth at a time expands the
 ``width`` best frontier nodes (by cumulative draft log-probability) into their ``branching`` most probable
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from adaptive.cached_model import CachedModel
-from adaptive.sampling import in_vocabulary, target_ids
+from adaptive.sampling import in_vocabulary, sample, target_ids
+from adaptive.verification import CorrectionRule, residual_correction
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,45 @@ def grow_level(model: CachedModel, trees: list[DraftTree], contexts: list[int], 
     for row, (t, i) in enumerate(rows):
         trees[t].add_ranked(i, *(column[row] for column in ranked))
     return seconds
+
+
+def accept_sampled(
+    tree: DraftTree,
+    selected: list[int],
+    p_rows: torch.Tensor,
+    generator: torch.Generator | None = None,
+    correction: CorrectionRule = residual_correction,
+) -> tuple[list[int], int]:
+    """Exact verification of a draft tree at T > 0: recursive rejection sampling over each node's verified children
+    (SpecInfer's multi-candidate rule, Miao et al., ASPLOS 2024), each child a deterministic proposal (the draft's
+    top-k, so its q is one-hot): a child x is accepted with probability min(1, p(x)/q(x)) = p(x); on a rejection p
+    becomes the residual norm(max(p - q, 0)), p without x; the first accepted child is descended into and its own
+    children tried against its row of p; where none is accepted, the next token is drawn from the residual. The output
+    follows p exactly whatever the tree (which nodes are grown and verified depends on the draft alone).
+
+    Args:
+        p_rows: ``[1 + len(selected), V]`` target sampling distributions: row 0 below the root, row 1 + j below
+            ``selected[j]``.
+        correction: the rule after a rejection (the exact residual; the naive "keep p" only to show a test fails).
+
+    Returns:
+        The accepted path (node indices) and the token that follows it.
+    """
+    children: dict[int, list[int]] = {}
+    for j, index in enumerate(selected):
+        children.setdefault(tree.nodes[index].parent, []).append(j)
+    path, parent, row = [], -1, 0
+    while True:
+        p = p_rows[row].double()
+        for j in children.get(parent, []):
+            token = tree.nodes[selected[j]].token
+            if float(torch.rand((), generator=generator, dtype=torch.float64, device=p.device)) < float(p[token]):
+                path.append(selected[j])
+                parent, row = selected[j], 1 + j
+                break
+            p = correction(p, torch.nn.functional.one_hot(torch.tensor(token, device=p.device), p.shape[-1]).double())
+        else:
+            return path, int(sample(p, generator))
 
 
 def accept_greedy(tree: DraftTree, selected: list[int], root_choice: int, node_choices: list[int]) -> list[int]:

@@ -1,32 +1,34 @@
-"""Greedy speculative decoding with draft trees (batch 1).
+"""Speculative decoding with draft trees (batch 1), greedy or sampled.
 
 Each round grows a :class:`~adaptive.tree.DraftTree` below the last confirmed token, one batched draft
 forward per depth, for as long as the depth policy says continue; the best ``shape.size`` nodes go to the
-target in ONE forward under a tree attention mask; the longest path matching the target's arg-max is
-accepted, plus the target's next token. Both KV caches then keep only the context and the accepted path.
-
-Greedy only: exact multi-candidate verification for sampling (T > 0) is not implemented; use the chain
-:class:`~adaptive.decoder.SpeculativeDecoder` there. Cache invariant as in the chain decoder: after every
-round the caches hold every confirmed token except the last (the draft possibly fewer).
+target in ONE forward under a tree attention mask. Greedy: the longest path matching the target's arg-max is
+accepted, plus the target's next token. At T > 0: recursive rejection sampling over each node's verified
+children (:func:`~adaptive.tree.accept_sampled`), exact for any tree. Both KV caches then keep only the context
+and the accepted path. Cache invariant as in the chain decoder: after every round the caches hold every
+confirmed token except the last (the draft possibly fewer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from transformers import PreTrainedModel
 
 from adaptive.generation import Decoder, Generation, TokenBudget
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
-from adaptive.sampling import arg_max, check_logits
-from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
+from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, sampling_distribution
+from adaptive.tree import DraftTree, TreeShape, accept_greedy, accept_sampled, attention_mask, grow_level
+from adaptive.verification import CorrectionRule, residual_correction
 
 DEFAULT_SHAPE = TreeShape()
 """k = 4, W = 4, V = 32."""
 
 
 class TreeDecoder(Decoder):
-    """Greedy speculative decoding with EAGLE-2-style draft trees; output identical to plain greedy.
+    """Speculative decoding with EAGLE-2-style draft trees; greedy output identical to plain greedy, sampled output
+    distributed exactly as the target's under ``sampling``.
 
     Args:
         target, draft: causal LMs sharing a tokenizer (the draft may have a reduced output vocabulary).
@@ -34,7 +36,10 @@ class TreeDecoder(Decoder):
             each depth as that depth's step); a policy whose ``sizes_trees`` is true (trained on tree
             traces) also picks V; ``reset``/``observe`` are called as in the chain decoder.
         shape: branching k, width W and verified nodes V (the default V).
+        sampling: temperature / top-k / top-p of the target's distribution (the tree's nodes are the draft's
+            top-k, proposals that need no sampling); default greedy.
         max_depth: hard cap on tree depth per round.
+        correction: the rule after a rejected child; keep the default (exact residual) except to audit.
     """
 
     def __init__(
@@ -43,17 +48,24 @@ class TreeDecoder(Decoder):
         draft: PreTrainedModel,
         policy: DraftPolicy,
         shape: TreeShape = DEFAULT_SHAPE,
+        sampling: SamplingConfig = GREEDY,
         *,
         tokenizer=None,
         max_depth: int = 8,
         eos_token_id: int | Sequence[int] | None = None,
+        correction: CorrectionRule = residual_correction,
     ) -> None:
         super().__init__(target, draft, policy, tokenizer=tokenizer, max_depth=max_depth, eos_token_id=eos_token_id)
         if not hasattr(self.draft, "forward_masked"):
             raise ValueError(f"tree drafting needs a draft that attends under a tree mask; {type(draft).__name__} drafts chains only")
         self.shape = shape
+        self.sampling = sampling
+        self.correction = correction
+        self.generator = torch.Generator(device=target.device)
 
     def _begin(self, prompt_ids: list[int], output: TokenBudget, seed: int | None) -> TreeGeneration:
+        if seed is not None:
+            self.generator.manual_seed(seed)
         return TreeGeneration(self, prompt_ids, output)
 
 
@@ -101,8 +113,8 @@ class TreeGeneration(Generation):
 
     def verify(self, size: int, policy_time: float = 0.0) -> RoundStats:
         """Send the ``size`` best nodes (an ancestor-closed set) to the target in ONE forward under a tree
-        mask, accept the longest arg-max path plus the target's next token, and keep only the context and
-        that path in both caches."""
+        mask, accept a path (greedy: the longest arg-max path; sampled: :func:`~adaptive.tree.accept_sampled`)
+        plus the token after it, and keep only the context and that path in both caches."""
         decoder, tree, tokens = self.decoder, self.tree, self.tokens
         clock, target, draft = decoder.clock, decoder.target, decoder.draft
         context = len(tokens)
@@ -119,10 +131,13 @@ class TreeGeneration(Generation):
         logits = target.forward_masked(pending + [tree.nodes[i].token for i in selected], positions, mask)[len(pending) - 1 :]
         target_forward = clock() - t1
         forward_time = self._forward_time + target_forward
-        check_logits(logits)
-        choices = arg_max(logits).tolist()
-        path = accept_greedy(tree, selected, choices[0], choices[1:])
-        bonus = choices[1 + row[path[-1]]] if path else choices[0]
+        if decoder.sampling.is_greedy:
+            check_logits(logits)
+            choices = arg_max(logits).tolist()
+            path = accept_greedy(tree, selected, choices[0], choices[1:])
+            bonus = choices[1 + row[path[-1]]] if path else choices[0]
+        else:
+            path, bonus = accept_sampled(tree, selected, sampling_distribution(logits, decoder.sampling), decoder.generator, decoder.correction)
         emitted = self.output.emit([tree.nodes[i].token for i in path] + [bonus])
         target.keep(list(range(context)) + [context + row[i] for i in path])
         fed = [tree.slots[i] for i in _fed_prefix(tree, path)]

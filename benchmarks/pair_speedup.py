@@ -4,7 +4,7 @@ Compared, on the same prompts (chat format), the same number of new tokens and t
 decoding; our decoder with static γ = 1..8, each baseline policy and any learned policy given by path;
 transformers `generate(assistant_model=…)` with its heuristic schedule and with its default confidence
 threshold (0.4), with every draft of the run that is a transformers model (an EAGLE-3 head is not); with --tree,
-each policy also with draft trees of each shape given (greedy); with --generate-route, each
+each policy also with draft trees of each shape given (greedy and sampled); with --generate-route, each
 policy also through transformers' own generate() (custom_generate=adaptive.integrations.transformers.generate). For every prompt all
 configurations run back to back (interleaved), so machine noise spreads over all of them. Reported per
 language: tokens/s (total emitted tokens / total time), speedup over plain, mean tokens per round τ (ours),
@@ -142,17 +142,18 @@ def run(args: argparse.Namespace) -> dict:
             for suffix, draft in drafts.items()
             for spec in args.policies
         }
-        if sampling.is_greedy:
-            decoders.update(
-                {
-                    f"{spec}, tree {shape.branching},{shape.width},{shape.size}{suffix}": (
-                        lambda spec=spec, draft=draft, shape=shape: TreeDecoder(pair.target, draft, make_policy(spec), shape, tokenizer=pair.tokenizer)
+        decoders.update(
+            {
+                f"{spec}, tree {shape.branching},{shape.width},{shape.size}{suffix}": (
+                    lambda spec=spec, draft=draft, shape=shape, sampling=sampling: TreeDecoder(
+                        pair.target, draft, make_policy(spec), shape, sampling, tokenizer=pair.tokenizer
                     )
-                    for shape in args.tree
-                    for suffix, draft in drafts.items()
-                    for spec in args.policies
-                }
-            )
+                )
+                for shape in args.tree
+                for suffix, draft in drafts.items()
+                for spec in args.policies
+            }
+        )
         if args.copy:
             decoders[PROMPT_LOOKUP] = lambda sampling=sampling: SpeculativeDecoder(
                 pair.target, PromptLookupDraft(), StaticDepth(10), sampling, tokenizer=pair.tokenizer
@@ -293,7 +294,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="K,W,V",
-        help="every policy also with draft trees of this shape (branching, width, verified nodes; repeatable), greedy runs only; not with --copy",
+        help="every policy also with draft trees of this shape (branching, width, verified nodes; repeatable); not with --copy",
     )
     parser.add_argument("--copy", action="store_true", help="a copy drafter beside the draft (for source-aware policies) and transformers' prompt lookup")
     parser.add_argument("--seed", type=int, default=0)

@@ -73,6 +73,19 @@ def test_generate_prints_rounds_and_speedup(model_folders):
     assert "prompt: as given" in raw.stdout and "the cat sat\n--> " in raw.stdout
 
 
+def test_generate_decodes_draft_trees_greedy_and_sampled(model_folders):
+    """``--tree K,W,V``: greedy trees emit plain decoding's tokens; with a temperature they sample (seeded: the same
+    seed, the same text)."""
+    pair = ("--target", model_folders["target"], "--draft", model_folders["draft"], "--tree", "2,2,4", "--max-new-tokens", "12")
+    greedy = run("generate", *pair, "--compare", "the cat sat")
+    assert greedy.returncode == 0, greedy.stderr
+    assert "tree k=2 W=2 V=4" in greedy.stdout and "greedy outputs: identical" in greedy.stdout
+    sampled = [run("generate", *pair, "--temperature", "0.8", "--seed", "3", "--quiet-rounds", "the cat sat") for _ in range(2)]
+    assert all(r.returncode == 0 for r in sampled), sampled[0].stderr
+    texts = [r.stdout.split("--> ")[1].split("\n")[0] for r in sampled]
+    assert "sampling: T=0.8" in sampled[0].stdout and texts[0] == texts[1]
+
+
 def test_the_text_stream_prints_each_round_s_new_text_and_holds_back_a_split_character(capsys):
     """A byte-level tokenizer spells a CJK character in three tokens: a round that ends inside it prints nothing of
     it until the round that completes it; the printed pieces add up to the decoded output."""

@@ -20,6 +20,8 @@ import torch
 
 from adaptive import SamplingConfig, SpeculativeDecoder, naive_correction, residual_correction, sampling_distribution
 from adaptive.copy_draft import CopyDraft
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
 from policies import HeuristicSchedule, StaticDepth
 
 N_SAMPLES = 20_000
@@ -135,3 +137,43 @@ def test_naive_resampling_fails_the_same_test(target, far_draft):
 
 def test_exact_rule_is_the_default():
     assert SpeculativeDecoder.__init__.__kwdefaults__["correction"] is residual_correction
+
+
+TREE_CASES = {
+    "far draft, k=2 W=2 V=6, T=1": (TreeShape(2, 2, 6), SamplingConfig(1.0)),
+    "far draft, k=4 W=2 V=5, T=1.3, top-p 0.8": (TreeShape(4, 2, 5), SamplingConfig(1.3, top_p=0.8)),
+}
+
+
+def empirical_tree_counts(decoder: TreeDecoder, n: int) -> torch.Tensor:
+    """The first two tokens of ``n`` seeded generations of three tokens: the first round grows two levels (the budget
+    caps a round at one level fewer than it has left), so both tokens can come from the tree's accepted path."""
+    vocab = decoder.target.model.config.vocab_size
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    for seed in range(n):
+        first, second, *_ = decoder.generate(PROMPT, max_new_tokens=3, seed=seed).token_ids
+        counts[first, second] += 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(TREE_CASES))
+def test_sampled_draft_trees_follow_the_target_distribution(case, target, far_draft):
+    """Trees of two shapes (branching 2 and 4), grown two levels and verified by recursive rejection sampling over
+    siblings: the first two tokens of 20,000 generations match the target's enumerated joint distribution."""
+    shape, sampling = TREE_CASES[case]
+    decoder = TreeDecoder(target, far_draft, StaticDepth(2), shape, sampling)
+    exact = exact_two_token_distribution(target, PROMPT, sampling)
+    max_z, chi2_z = deviation_statistics(empirical_tree_counts(decoder, N_SAMPLES), exact)
+    assert max_z < 5.0, f"an outcome deviates by {max_z:.1f} standard errors"
+    assert chi2_z < 5.0, f"Pearson statistic {chi2_z:.1f} standard deviations above its mean"
+
+
+@pytest.mark.slow
+def test_trying_siblings_against_an_unchanged_target_distribution_fails_the_same_test(target, far_draft):
+    """The plausible shortcut — try each sibling against p itself and, when all fail, sample from p — over-produces
+    the drafted tokens; the same test detects it."""
+    shape, sampling = TREE_CASES["far draft, k=2 W=2 V=6, T=1"]
+    decoder = TreeDecoder(target, far_draft, StaticDepth(2), shape, sampling, correction=naive_correction)
+    max_z, chi2_z = deviation_statistics(empirical_tree_counts(decoder, N_SAMPLES), exact_two_token_distribution(target, PROMPT, sampling))
+    assert max_z > 5.0 and chi2_z > 5.0, "the shortcut should be detected as biased"

@@ -117,6 +117,22 @@ def test_sampled_calls_follow_torch_manual_seed(target, far_draft):
     assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
 
 
+def test_draft_trees_through_generate_greedy_and_sampled(target, far_draft, eagle_head):
+    """``tree="K,W,V"``: greedy output is plain ``generate()``'s for a draft model and a head; sampled calls follow
+    ``torch.manual_seed``."""
+    ids = torch.tensor([[7, 1, 3]])
+    plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+    for draft in (far_draft, eagle_head):
+        out = target.generate(ids, custom_generate=adaptive_generate, draft=draft, policy=StaticDepth(3), tree="2,2,4", max_new_tokens=30, do_sample=False)
+        assert torch.equal(out, plain), type(draft).__name__
+
+    def sampled(seed):
+        torch.manual_seed(seed)
+        return target.generate(ids, custom_generate=adaptive_generate, draft=far_draft, policy=StaticDepth(2), tree="3,2,5", max_new_tokens=20, do_sample=True)
+
+    assert torch.equal(sampled(1), sampled(1)) and not torch.equal(sampled(1), sampled(2))
+
+
 def test_unsupported_settings_are_refused_by_name(target, near_draft):
     ids = torch.tensor([[3, 4]])
     call = {"custom_generate": adaptive_generate, "max_new_tokens": 4}

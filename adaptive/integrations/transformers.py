@@ -40,6 +40,8 @@ from adaptive.decoder import SpeculativeDecoder
 from adaptive.drafts import Draft
 from adaptive.policy import DraftPolicy
 from adaptive.sampling import GREEDY, SamplingConfig
+from adaptive.tree import TreeShape
+from adaptive.tree_decoder import TreeDecoder
 from adaptive.verification import CorrectionRule, residual_correction
 
 SUPPORTED_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper")
@@ -103,6 +105,7 @@ def generate(
     policy: DraftPolicy | None = None,
     max_depth: int = 16,
     correction: CorrectionRule = residual_correction,
+    tree: TreeShape | str | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | GenerateDecoderOnlyOutput:
     """The decoding loop ``generate()`` runs when given ``custom_generate=generate``: speculative decoding of
@@ -112,8 +115,10 @@ def generate(
         draft: a standalone draft model sharing the target's vocabulary, or an EAGLE-3 head.
         policy: a :class:`~adaptive.policy.DraftPolicy`, e.g. ``adaptive.load_policy(RUN)`` or
             ``policies.make_policy("heuristic")``.
-        max_depth: cap on drafted tokens per round.
+        max_depth: cap on drafted tokens per round (tree levels with ``tree``).
         correction: the rule at a rejection; keep the default except to audit (tests plug in the naive rule).
+        tree: draft trees of this shape (a :class:`~adaptive.tree.TreeShape` or ``"K,W,V"``) instead of chains,
+            greedy or sampled (:class:`~adaptive.tree_decoder.TreeDecoder`).
 
     Returns the prompt followed by the generated tokens, ``[1, length]`` (a ``GenerateDecoderOnlyOutput``
     holding only ``sequences`` when ``return_dict_in_generate``).
@@ -121,15 +126,11 @@ def generate(
     _check_call(input_ids, generation_config, draft, policy, model_kwargs)
     sampling = sampling_from_processors(logits_processor, bool(generation_config.do_sample))
     eos = generation_config._eos_token_tensor
-    decoder = SpeculativeDecoder(
-        model,
-        draft,
-        policy,
-        sampling,
-        max_depth=max_depth,
-        eos_token_id=[] if eos is None else eos.reshape(-1).tolist(),
-        correction=correction,
-    )
+    stops = {"max_depth": max_depth, "eos_token_id": [] if eos is None else eos.reshape(-1).tolist(), "correction": correction}
+    if tree is None:
+        decoder = SpeculativeDecoder(model, draft, policy, sampling, **stops)
+    else:
+        decoder = TreeDecoder(model, draft, policy, TreeShape.parse(tree) if isinstance(tree, str) else tree, sampling, **stops)
     budget = generation_config.max_length - input_ids.shape[1]
     sequence = input_ids
     if budget > 0:

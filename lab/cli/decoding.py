@@ -67,15 +67,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     policy = make_policy(args.policy, pair=args.pair)
     pair = pair_from_arguments(args)
     if args.tree:
-        if not sampling.is_greedy:
-            raise ValueError("--tree is greedy-only (exact multi-candidate verification for T > 0 is not implemented): drop --temperature or --tree")
         shape = TreeShape.parse(args.tree)
-        run = TreeDecoder(pair.target, pair.draft, policy, shape, tokenizer=pair.tokenizer, max_depth=args.max_depth).generate
+        decoder = TreeDecoder(pair.target, pair.draft, policy, shape, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
         mode = f"tree k={shape.branching} W={shape.width} V={shape.size}"
     else:
-        chain = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
-        run = functools.partial(chain.generate, seed=args.seed)
+        decoder = SpeculativeDecoder(pair.target, pair.draft, policy, sampling, tokenizer=pair.tokenizer, max_depth=args.max_depth)
         mode = "chain"
+    run = functools.partial(decoder.generate, seed=args.seed)
     templated = not args.raw and bool(getattr(pair.tokenizer, "chat_template", None))
     prompt = chat_ids(pair.tokenizer, args.prompt) if templated else args.prompt
     if args.warmup:
@@ -200,9 +198,7 @@ def register(commands) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1.0)")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--max-depth", type=int, default=16, help="hard cap on drafted tokens per round (tree depth with --tree)")
-    gen.add_argument(
-        "--tree", metavar="K,W,V", help="draft trees (greedy only): K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32"
-    )
+    gen.add_argument("--tree", metavar="K,W,V", help="draft trees: K children per expanded node, W nodes expanded per depth, V nodes verified, e.g. 4,4,32")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--raw", action="store_true", help="feed the prompt as given (default: in the tokenizer's chat template, where it has one)")
     gen.add_argument("--compare", action="store_true", help="also run plain target decoding and print the speedup")
