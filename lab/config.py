@@ -91,7 +91,7 @@ class EnvConfig:
         if self.observation_version is not None:
             _one_of(f"{where}.observation_version", self.observation_version, VERSIONS[self.copy])
         if self.tree and self.backend != "replay":
-            raise ConfigError(f"{where}.tree needs {where}.backend replay (tree mode is greedy-only and replayed from tree traces), got {self.backend!r}")
+            raise ConfigError(f"{where}.tree needs {where}.backend replay (tree policies train on greedy tree traces, replayed), got {self.backend!r}")
 
 
 @dataclass
