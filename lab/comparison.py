@@ -34,7 +34,9 @@ from lab.evaluation import (
     accepted_histogram,
     choices,
     costmodel_depths,
+    gain_line,
     grid_search_splits,
+    oracle_share,
     play,
     records_gain,
     summarise,
@@ -313,11 +315,6 @@ def profile_info(profile: CostProfile) -> dict:
     }
 
 
-def _gain_line(label: str, gain: dict, where: str) -> str:
-    significance = "" if gain["verdict"] != "not significant" else ", not significant"
-    return f"- {label} ({where}): {gain['ratio'] - 1:+.1%} [{gain['low'] - 1:+.1%}, {gain['high'] - 1:+.1%}]{significance}"
-
-
 def _profile_line(path: str, info: dict, elsewhere: list[str]) -> str:
     line = (
         f"Cost profile {path}: measured {info['measured_at']} on {info['processor']} ({info['threads']} threads), {info['dtype']}; "
@@ -372,15 +369,17 @@ def _report(result: dict, replay_rows: list[list], test: TraceSet, replay_record
     replay = result["replay"]
     grid = next(n for n in replay if n.startswith("grid search"))
     default = next(n for n in replay if n.startswith("default static"))
-    lines.append(_gain_line(f"parameter gain, grid search vs {default}", records_gain(replay_records[grid], replay_records[default]), "replay"))
+    lines.append(gain_line(f"parameter gain, grid search vs {default}", records_gain(replay_records[grid], replay_records[default]), "replay"))
     for name in replay:
         if name.startswith("learned"):
-            lines.append(_gain_line(f"adaptivity gain, {name} vs grid search", records_gain(replay_records[name], replay_records[grid]), "replay"))
+            lines.append(gain_line(f"adaptivity gain, {name} vs grid search", records_gain(replay_records[name], replay_records[grid]), "replay"))
             live_gain = result["live_gains"].get(f"{name} vs {grid}")
             if live_gain:
-                lines.append(_gain_line(f"adaptivity gain, {name} vs grid search", live_gain, "live"))
+                lines.append(gain_line(f"adaptivity gain, {name} vs grid search", live_gain, "live"))
             oracle = replay["oracle (replay only)"]["all"]["speedup"]
-            lines.append(f"- {name} reaches {replay[name]['all']['speedup'] / oracle:.1%} of the oracle (replay)")
+            mine, grid_speed = replay[name]["all"]["speedup"], replay[grid]["all"]["speedup"]
+            share = oracle_share(mine, grid_speed, oracle)
+            lines.append(f"- {name} reaches {mine / oracle:.1%} of the oracle and captures {share:.0%} of its gain over grid search (replay)")
     shorter = [n for n in replay if replay[n]["all"]["speedup"] > replay[grid]["all"]["speedup"] and replay[n]["all"]["tau"] < replay[grid]["all"]["tau"]]
     lines.append(f"- faster than grid search with a shorter τ (replay): {', '.join(shorter) or 'none'}")
     return "\n".join(lines + _verdict(result)) + "\n"

@@ -104,6 +104,18 @@ def records_gain(a: Sequence[PromptRecord], b: Sequence[PromptRecord]) -> dict:
     return {"ratio": ratio, "low": low, "high": high, "verdict": verdict(low, high)}
 
 
+def oracle_share(policy: float, grid: float, oracle: float) -> float:
+    """The share of the oracle's gain over grid search that a policy captures, from three speedups:
+    (policy - grid) / (oracle - grid); below 0 when the policy is slower than grid search."""
+    return (policy - grid) / (oracle - grid) if oracle > grid else float("nan")
+
+
+def gain_line(label: str, gain: dict, where: str) -> str:
+    """A report line for a :func:`records_gain` (or a live gain of the same keys): change and interval in per cent."""
+    significance = "" if gain["verdict"] != "not significant" else ", not significant"
+    return f"- {label} ({where}): {gain['ratio'] - 1:+.1%} [{gain['low'] - 1:+.1%}, {gain['high'] - 1:+.1%}]{significance}"
+
+
 def records_speedup(records: Sequence[PromptRecord], step_seconds: float) -> float:
     """Σ tokens / Σ seconds of a set of generations, in units of plain decoding."""
     return throughput_speedup(sum(r.tokens for r in records), sum(r.seconds for r in records), step_seconds)

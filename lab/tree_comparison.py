@@ -30,7 +30,7 @@ from lab.calibration import live_against_replay, modelled_table
 from lab.comparison import replay_table, track_comparison
 from lab.config import ExperimentConfig
 from lab.environments import decoding_engine, resolve_profile
-from lab.evaluation import PromptRecord, grid_search_splits, play, static_speedups
+from lab.evaluation import PromptRecord, gain_line, grid_search_splits, oracle_share, play, records_gain, static_speedups
 from lab.plots import plot_speedups
 from lab.report import format_table
 from policies.baselines import StaticDepth
@@ -114,6 +114,12 @@ def evaluate_trees(
                 decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=p.schema.max_depth)
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
     rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
+    gains = {
+        f"{name} vs {kind} grid": records_gain(replay[name], replay[next(n for n in replay if n.startswith(f"{kind} grid"))])
+        for name in replay
+        for kind in ("tree", "chain")
+        if name.startswith(f"{kind} learned")
+    }
     live, modelled = {}, {}
     if pair is not None:
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
@@ -125,6 +131,7 @@ def evaluate_trees(
     result = {
         "fitted": fitted,
         "replay": replay_data,
+        "replay_gains": gains,
         "live": live,
         "live_modelled": modelled,
         "test_prompts": len(test_chain),
@@ -161,7 +168,17 @@ def _report(result: dict, rows: list[list]) -> str:
         "## Replay: speedup over plain decoding [95 % bootstrap over prompts]",
         "",
         format_table(["policy", *LANGUAGES, "all", "tau"], rows),
+        "",
     ]
+    replay = result["replay"]
+    oracle = replay["chain oracle (replay only)"]["all"]["speedup"]
+    for label, gain in result["replay_gains"].items():
+        lines.append(gain_line(label, gain, "replay"))
+        name = label.split(" vs ")[0]
+        if name.startswith("chain"):
+            chain_grid = replay[next(n for n in replay if n.startswith("chain grid"))]["all"]["speedup"]
+            share = oracle_share(replay[name]["all"]["speedup"], chain_grid, oracle)
+            lines.append(f"- {name} captures {share:.0%} of the chain oracle's gain over chain grid search (replay; trees have no oracle yet)")
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
     if result["live_modelled"]:

@@ -11,7 +11,7 @@ from adaptive.decoder import SpeculativeDecoder
 from adaptive.recorder import record
 from adaptive.traces import TraceSet
 from envs.replay import ReplayBackend
-from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, grid_search, play, summarise
+from lab.evaluation import PromptRecord, acceptance_rate, costmodel_depths, grid_search, oracle_share, play, summarise
 from policies import make_policy
 
 PROMPTS = [[1, 4, 6], [9, 2, 2, 5, 11], [3], [7, 7, 1, 0], [2, 9], [5, 5, 5]]
@@ -66,3 +66,11 @@ def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_more_prompts(
     for s in (small, large):
         assert s.low <= s.speedup <= s.high
     assert large.high - large.low < small.high - small.low
+
+
+def test_the_share_of_the_oracle_s_gain_a_policy_captures():
+    """(policy - grid) / (oracle - grid): a quarter here, negative for a policy slower than grid search, undefined
+    where the oracle gains nothing."""
+    assert oracle_share(1.5, 1.4, 1.8) == pytest.approx(0.25)
+    assert oracle_share(1.3, 1.4, 1.8) == pytest.approx(-0.25)
+    assert np.isnan(oracle_share(1.5, 1.4, 1.4))

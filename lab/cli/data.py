@@ -218,7 +218,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.depth < 1 or args.max_new_tokens < 2:
         raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
     if args.tree and args.temperature > 0:
-        raise ValueError("--tree records greedy traces only (tree replay is exact for greedy acceptance; sampled trees decode live, not replayed); drop --temperature")
+        raise ValueError(
+            "--tree records greedy traces only (tree replay is exact for greedy acceptance; sampled trees decode live, not replayed); drop --temperature"
+        )
     if args.copy and (args.tree or args.temperature > 0):
         raise ValueError("--copy records greedy chain traces (copy replay is greedy, chains only); drop --tree / --temperature")
     if not (args.pair or args.target):
