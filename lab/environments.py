@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 QUICK_CONTEXTS = (64, 128, 256)
 """Contexts a measured-at-start profile covers (replay interpolates between them)."""
+TREE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+"""Verified-node counts tree grid search tries (those the traces and profile allow); a tree experiment's profile times
+verifications up to the largest, so that its size policy chooses over the same range."""
 
 
 def quick_profile(pair, max_verify: int, tree_mask: bool = False) -> CostProfile:
@@ -37,10 +40,11 @@ def quick_profile(pair, max_verify: int, tree_mask: bool = False) -> CostProfile
 def measure_profile(config: ExperimentConfig, folder: Path, max_verify: int | None = None, pair=None) -> Path:
     """A short profile of the config's pair (``pair``, already loaded, or loaded now) on this machine (interleaved
     sweeps, medians; well under a minute at bf16), saved as ``folder/profile.json``: draft step and verification of
-    1 to ``max_verify`` tokens (default: the depth cap + 1, or the tree size + 1 for tree configs) at three contexts."""
+    1 to ``max_verify`` tokens (default: the depth cap + 1, or for tree configs the largest of :data:`TREE_SIZES` + 1)
+    at three contexts."""
     env = config.env
     if max_verify is None:
-        max_verify = max(env.max_depth, env.tree_size if env.tree else 0) + 1
+        max_verify = max(env.max_depth, max(TREE_SIZES) if env.tree else 0) + 1
     pair = pair or load_pair(config.pair, config.dtype, engine=config.engine)
     with live_measurement():  # this project's background jobs wait meanwhile (lab.background)
         profile = quick_profile(pair, max_verify, env.tree).with_metadata(measured_for=config.name)

@@ -29,19 +29,16 @@ from lab import live_protocol
 from lab.calibration import live_against_replay, modelled_table
 from lab.comparison import replay_table, track_comparison
 from lab.config import ExperimentConfig
-from lab.environments import decoding_engine, resolve_profile
+from lab.environments import TREE_SIZES, decoding_engine, resolve_profile
 from lab.evaluation import PromptRecord, gain_line, grid_search_splits, oracle_share, play, records_gain, static_speedups
 from lab.plots import plot_speedups
 from lab.report import format_table
 from policies.baselines import StaticDepth
 from policies.oracle import OraclePolicy
 
-SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-"""Verified-node counts the tree grid search tries (those the traces and profile allow)."""
-
 
 def tree_grid(
-    traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, decision_seconds: float, sizes: tuple[int, ...] = SIZES
+    traces: list[TreeTraceSet], profile: CostProfile, max_depth: int, decision_seconds: float, sizes: tuple[int, ...] = TREE_SIZES
 ) -> tuple[tuple[int, int], dict[str, float]]:
     """The static (depth, V) with the highest mean replayed throughput over ``traces``, and every pair's."""
     backends = [TreeReplayBackend(trace_set, profile, max_depth) for trace_set in traces]  # the size is set per play
@@ -63,7 +60,7 @@ def evaluate_trees(
     out: Path,
     live_per_language: int = 1,
     new_tokens: int = 128,
-    sizes: tuple[int, ...] = SIZES,
+    sizes: tuple[int, ...] = TREE_SIZES,
     repeats: int = 2,
 ) -> dict:
     """Trees vs chains on the test split; writes ``report.md``, ``evaluation.json`` and a plot into ``out``. The
