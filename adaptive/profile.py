@@ -191,22 +191,25 @@ class CostProfile:
         work = self.round_work_ms
         return 0.0 if work is None else (work["verify_fixed_ms"] + size * work["verify_token_ms"]) / 1e3
 
-    def tree_drafting_seconds(self, context: int, levels: int, emitted: int | None = None) -> float:
-        """A tree round's growth of ``levels`` levels: the first level's draft step (priced as a chain's first step,
-        :meth:`drafting_seconds`), each later level's masked forward over W nodes, and the tree decoder's own work.
-        Profiles without the tree's timings price it as a chain round of ``levels`` steps."""
-        work = self.tree_round_work_ms
+    def round_drafting_seconds(self, context: int, depth: int, emitted: int | None = None, tree: bool = False, copy_steps: int = 0) -> float:
+        """What replay charges a round's drafting at this context: ``depth`` steps of a chain (``copy_steps`` of them the
+        copy drafter's, whose reads are charged apart) or levels of a ``tree``, each with the decoder's own work; the
+        first step priced as reading the ``emitted`` tokens of the last verification. A tree: the first level's draft
+        step, each later level's masked forward over W nodes and the tree decoder's own work, where the profile timed
+        them (:attr:`tree_round_work_ms`), else as a chain of ``depth`` steps."""
+        work = self.tree_round_work_ms if tree else None
         if work is None:
-            return self.drafting_seconds(context, levels, emitted) + self.drafting_work_seconds(levels)
-        if not levels:
+            return self.drafting_seconds(context, depth - copy_steps, emitted) + self.drafting_work_seconds(depth)
+        if not depth:
             return 0.0
-        own = work["draft_fixed_ms"] + levels * work["draft_level_ms"]
-        return self.drafting_seconds(context, 1, emitted) + ((levels - 1) * work["level_forward_ms"] + own) / 1e3
+        own = work["draft_fixed_ms"] + depth * work["draft_level_ms"]
+        return self.drafting_seconds(context, 1, emitted) + ((depth - 1) * work["level_forward_ms"] + own) / 1e3
 
-    def tree_verifying_seconds(self, context: int, size: int) -> float:
-        """A tree round's verification of ``size`` nodes: the target's masked forward and the tree decoder's own work
-        (the mask, acceptance along the path, compacting both caches); without the tree's timings, a chain's work."""
-        work = self.tree_round_work_ms
+    def round_verifying_seconds(self, context: int, size: int, tree: bool = False) -> float:
+        """What replay charges a round's verification of ``size`` tokens (a ``tree``'s: nodes) at this context: the
+        target's forward and the decoder's own work (a tree's: the mask, acceptance along the path, compacting both
+        caches, where the profile timed it, else a chain's)."""
+        work = self.tree_round_work_ms if tree else None
         own = self.verifying_work_seconds(size) if work is None else (work["verify_fixed_ms"] + size * work["verify_node_ms"]) / 1e3
         return self.verify_seconds(context, size) + own
 

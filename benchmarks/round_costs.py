@@ -137,12 +137,8 @@ def against_profile(generations: list[list[RoundStats]], profile: CostProfile, t
     for r, emitted in ((r, rounds[i - 1].emitted if i else None) for rounds in generations for i, r in enumerate(rounds)):
         for part, seconds in zip(PARTS, r.time_parts()):
             live[part] += seconds
-        if tree:
-            modelled_draft += profile.tree_drafting_seconds(r.context_length, r.drafted, emitted)
-            modelled_verify += profile.tree_verifying_seconds(r.context_length, r.verified)
-            continue
-        modelled_draft += profile.drafting_seconds(r.context_length, r.drafted, emitted) + profile.drafting_work_seconds(r.drafted)
-        modelled_verify += profile.verify_seconds(r.context_length, r.verified) + profile.verifying_work_seconds(r.verified)
+        modelled_draft += profile.round_drafting_seconds(r.context_length, r.drafted, emitted, tree)
+        modelled_verify += profile.round_verifying_seconds(r.context_length, r.verified, tree)
     return {**live, "modelled draft": modelled_draft, "modelled verify": modelled_verify}
 
 

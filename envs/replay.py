@@ -93,7 +93,7 @@ class TraceReplay(Backend):
         emitted = min(accepted + 1, self._length - self._t)
         context = self._prompt_length + self._t
         last_emitted = self._recent[-1] + 1 if self._recent else None  # what the draft reads before its first step
-        draft_seconds = self._drafting_seconds(context, depth, last_emitted, copy_steps)
+        draft_seconds = self.profile.round_drafting_seconds(context, depth, last_emitted, self.tree, copy_steps)
         if copy_forwards:
             draft_seconds += copy_forwards * self.profile.copy_seconds(context)
         cycle = Cycle(
@@ -102,20 +102,12 @@ class TraceReplay(Backend):
             accepted=accepted,
             emitted=emitted,
             draft_seconds=draft_seconds,
-            verify_seconds=self._verifying_seconds(context, size),
+            verify_seconds=self.profile.round_verifying_seconds(context, size, self.tree),
         )
         self._t += emitted
         self._depth = 0
         self._recent.append(accepted)
         return cycle
-
-    def _drafting_seconds(self, context: int, depth: int, last_emitted: int | None, copy_steps: int) -> float:
-        """A chain round's drafting of ``depth`` tokens (``copy_steps`` of them the copy drafter's) with its own work."""
-        return self.profile.drafting_seconds(context, depth - copy_steps, last_emitted) + self.profile.drafting_work_seconds(depth)
-
-    def _verifying_seconds(self, context: int, size: int) -> float:
-        """A chain round's verification of ``size`` tokens with its own work."""
-        return self.profile.verify_seconds(context, size) + self.profile.verifying_work_seconds(size)
 
 
 class ReplayBackend(TraceReplay):

@@ -7,7 +7,7 @@ grown: it accepts the on-path nodes all of whose ancestors were selected, exactl
 the round's context length (profile it with ``adaptive profile --tree-mask --max-verify 64``): the first
 level's draft step, one masked draft forward over W nodes per later level, one target forward of ``size``
 nodes, and the tree decoder's own work per level and per verified node
-(:meth:`~adaptive.profile.CostProfile.tree_drafting_seconds`, :meth:`~adaptive.profile.CostProfile.tree_verifying_seconds`).
+(:meth:`~adaptive.profile.CostProfile.round_drafting_seconds`, :meth:`~adaptive.profile.CostProfile.round_verifying_seconds`).
 """
 
 from __future__ import annotations
@@ -58,9 +58,3 @@ class TreeReplayBackend(TraceReplay):
             raise ValueError(f"cannot verify {size} nodes of a tree with {self.verifiable(depth)} nodes in {depth} levels")
         accepted = sum(1 for need in self._need[self._start + self._t][depth - 1][:depth] if need <= size) if depth else 0
         return self._end_round(size, accepted)
-
-    def _drafting_seconds(self, context: int, depth: int, last_emitted: int | None, copy_steps: int) -> float:
-        return self.profile.tree_drafting_seconds(context, depth, last_emitted)
-
-    def _verifying_seconds(self, context: int, size: int) -> float:
-        return self.profile.tree_verifying_seconds(context, size)

@@ -91,13 +91,13 @@ def test_a_tree_profile_times_what_a_tree_round_adds_as_the_tree_decoder_runs_it
     assert work["level_forward_ms"] > 0 and work["draft_level_ms"] + work["verify_node_ms"] > 0  # deeper or wider rounds cost more
     first = tree_measured.drafting_seconds(32, 1, 3)
     own = work["draft_fixed_ms"] + 3 * work["draft_level_ms"]
-    assert tree_measured.tree_drafting_seconds(32, 3, 3) == pytest.approx(first + (2 * work["level_forward_ms"] + own) / 1e3)
-    assert tree_measured.tree_verifying_seconds(32, 4) == pytest.approx(
+    assert tree_measured.round_drafting_seconds(32, 3, 3, tree=True) == pytest.approx(first + (2 * work["level_forward_ms"] + own) / 1e3)
+    assert tree_measured.round_verifying_seconds(32, 4, tree=True) == pytest.approx(
         tree_measured.verify_seconds(32, 4) + (work["verify_fixed_ms"] + 4 * work["verify_node_ms"]) / 1e3
     )
     assert "tree_round_work" not in profile  # a chain profile times none of it
-    assert measured.tree_drafting_seconds(32, 3, 3) == pytest.approx(measured.drafting_seconds(32, 3, 3) + measured.drafting_work_seconds(3))
-    assert measured.tree_verifying_seconds(32, 4) == pytest.approx(measured.verify_seconds(32, 4) + measured.verifying_work_seconds(4))
+    assert measured.round_drafting_seconds(32, 3, 3, tree=True) == pytest.approx(measured.drafting_seconds(32, 3, 3) + measured.drafting_work_seconds(3))
+    assert measured.round_verifying_seconds(32, 4, tree=True) == pytest.approx(measured.verify_seconds(32, 4) + measured.verifying_work_seconds(4))
 
 
 def test_c_and_g_are_ratios_of_the_reference_timings(profile):

@@ -170,8 +170,8 @@ def test_tree_replay_prices_a_round_by_the_tree_profile_s_parts(target, near_dra
         context = backend.context_length
         backend.draft(), backend.draft(), backend.draft()
         cycle = backend.verify(5)
-        assert cycle.draft_seconds == pytest.approx(profile.tree_drafting_seconds(context, 3, emitted))
-        assert cycle.verify_seconds == pytest.approx(profile.tree_verifying_seconds(context, 5))
+        assert cycle.draft_seconds == pytest.approx(profile.round_drafting_seconds(context, 3, emitted, tree=True))
+        assert cycle.verify_seconds == pytest.approx(profile.round_verifying_seconds(context, 5, tree=True))
         assert cycle.draft_seconds > profile.drafting_seconds(context, 3, emitted) - profile.drafting_seconds(context, 1, emitted)
         emitted = cycle.accepted + 1
 
