@@ -97,6 +97,8 @@ class LearnedPolicy(BasePolicy):
         for depth, step in enumerate(steps[len(seen) :], start=len(seen) + 1):
             builder.add_step(depth, step.top1_prob, step.entropy, step.cumulative_log_prob, step.match_length, step.margin)
         self._round_steps = steps
+        if self.schema.tree:
+            builder.set_tree(state.tree_ranked, state.tree_level_mass)
         depth = min(state.depth, self.schema.max_depth)
         return builder.build(depth, min(state.max_depth, self.schema.max_depth), state.context_length, state.generated)
 

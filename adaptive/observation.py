@@ -29,6 +29,15 @@ Version 4 (the default, with or without the copy drafter's fields of version 3) 
 
 * ``step_{i}_margin``: the draft's top-1 minus top-2 probability at step i (0 for steps not drafted yet)
 
+Version 5 (``tree=True``: draft trees, whose traces hold every node's score) appends what the grown tree shows,
+as Learning to Draft's size policy sees it:
+
+* ``node_{r}_prob`` for r = 1..32: the cumulative draft probability (product along its path) of the r-th best
+  node of the levels grown so far, in the tree's verification order (0 past the nodes grown); their sum over the
+  best V nodes is the tokens a calibrated draft expects V verified nodes to accept
+* ``level_{i}_mass`` for i = 1..max_depth: the summed cumulative probability of level i's nodes (0 for levels
+  not grown): the chance, as the draft sees it, that the accepted path reaches level i
+
 A policy stores :meth:`ObservationSchema.describe` with its weights; :meth:`ObservationSchema.check`
 refuses a policy trained on another schema, naming the difference. :meth:`ObservationSchema.of` rebuilds
 the schema a policy was trained on, so policies of every earlier version keep loading and see the
@@ -46,10 +55,14 @@ from adaptive.policy import RECENT_ROUNDS
 
 SCHEMA_NAME = "adaptive-draft/observation"
 SCHEMA_VERSION = 4
-"""The latest version: what new policies are trained on."""
+"""The latest chain version: what new chain policies are trained on."""
+TREE_VERSION = 5
+"""The version with the grown tree's node scores (``tree=True``), for tree policies."""
 VERSIONS = {False: (1, 4), True: (2, 3, 4)}
-"""Versions without and with the copy drafter's fields (2 lacks its first proposal's share and entropy;
+"""Chain versions without and with the copy drafter's fields (2 lacks its first proposal's share and entropy;
 1 to 3 lack the steps' margins)."""
+TREE_RANKS = 32
+"""Best nodes whose cumulative probabilities a tree observation shows (the largest verification size trained)."""
 MATCH_SCALE = 16.0
 GENERATED_SCALE = 256.0
 RECENT = RECENT_ROUNDS
@@ -72,12 +85,18 @@ class ObservationSchema:
     copy: bool = False
     """The copy drafter's fields too (versions 2 to 4)."""
     version: int = SCHEMA_VERSION
-    """One of :data:`VERSIONS` (older ones to run policies trained on them, or on traces without margins)."""
+    """One of :data:`VERSIONS` (older ones to run policies trained on them, or on traces without margins), or
+    :data:`TREE_VERSION` with ``tree``."""
+    tree: bool = False
+    """The grown tree's node scores too (version 5, without the copy drafter)."""
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
-        if self.version not in VERSIONS[self.copy]:
+        if self.tree or self.version == TREE_VERSION:
+            if not (self.tree and self.version == TREE_VERSION and not self.copy):
+                raise ValueError(f"the tree's node scores come with observation schema version {TREE_VERSION}, tree=True and no copy drafter")
+        elif self.version not in VERSIONS[self.copy]:
             kind = "with" if self.copy else "without"
             raise ValueError(f"observation schema version must be one of {VERSIONS[self.copy]} {kind} the copy drafter, got {self.version}")
 
@@ -85,11 +104,11 @@ class ObservationSchema:
     def of(cls, described: dict) -> ObservationSchema:
         """The schema a saved policy was trained on, from its :meth:`describe` (then :meth:`check`-ed)."""
         version = described.get("version")
-        known = sorted(set(VERSIONS[False] + VERSIONS[True]))
+        known = sorted({*VERSIONS[False], *VERSIONS[True], TREE_VERSION})
         if version not in known:
             raise SchemaMismatch(f"observation schema version {version!r} is unknown to this release (known: {known}); retrain the policy")
         copy = "source_copy" in described.get("fields", ())
-        schema = cls(described.get("max_depth", 0), copy=copy, version=version)
+        schema = cls(described.get("max_depth", 0), copy=copy, version=version, tree=version == TREE_VERSION)
         schema.check(described)
         return schema
 
@@ -100,8 +119,13 @@ class ObservationSchema:
 
     @property
     def shows_margins(self) -> bool:
-        """Version 4: every draft step's margin (top-1 minus top-2 probability) is part of the observation."""
+        """Versions 4 and 5: every draft step's margin (top-1 minus top-2 probability) is part of the observation."""
         return self.version >= 4
+
+    @property
+    def tree_size(self) -> int:
+        """Fields of the tree block (0 without ``tree``)."""
+        return TREE_RANKS + self.max_depth if self.tree else 0
 
     @property
     def step_width(self) -> int:
@@ -121,11 +145,13 @@ class ObservationSchema:
         if self.copy:
             first = ["copy_top1", "copy_entropy"] if self.shows_copy_first else []
             names += ["source_copy", "source_copy_model", "copy_match", *first, *[f"step_{i}_match" for i in range(1, self.max_depth + 1)], "generated"]
+        if self.tree:
+            names += [f"node_{r}_prob" for r in range(1, TREE_RANKS + 1)] + [f"level_{i}_mass" for i in range(1, self.max_depth + 1)]
         return names
 
     @property
     def size(self) -> int:
-        return 3 + self.step_width * self.max_depth + RECENT + 3 + (self.copy_head + self.max_depth + 1 if self.copy else 0)
+        return 3 + self.step_width * self.max_depth + RECENT + 3 + (self.copy_head + self.max_depth + 1 if self.copy else 0) + self.tree_size
 
     def describe(self) -> dict:
         """JSON-ready identity of this schema (stored with trained policies)."""
@@ -160,6 +186,7 @@ class ObservationBuilder:
         self._tail_at = self._recent_at + RECENT
         self._copy_at = self._tail_at + 3
         """Copy schemas: source one-hot, copy match, (3, 4:) first proposal's share and entropy, per-step match lengths, generated."""
+        self._tree_at = schema.size - schema.tree_size
         self._vector = np.zeros(schema.size, dtype=np.float32)
         self._vector[self._tail_at] = _bounded(c)
 
@@ -169,6 +196,7 @@ class ObservationBuilder:
         where it starts and its first proposal's (share, entropy)."""
         vector, k = self._vector, self.schema.max_depth
         vector[3 : self._tail_at] = 0.0
+        vector[self._tree_at :] = 0.0
         for j, accepted in enumerate(list(recent[-RECENT:])[::-1]):
             vector[self._recent_at + j] = _bounded(accepted / k)
         if self.schema.copy:
@@ -192,6 +220,16 @@ class ObservationBuilder:
         if self.schema.copy:
             vector[self._copy_at + self.schema.copy_head - 1 + depth] = _bounded(match_length / MATCH_SCALE)
 
+    def set_tree(self, ranked: Sequence[float], level_mass: Sequence[float]) -> None:
+        """Record the grown tree (tree schemas) as :func:`tree_summary` gives it: its best nodes' cumulative
+        probabilities, largest first, and each grown level's summed cumulative probability (the rest: 0)."""
+        at, k = self._tree_at, self.schema.max_depth
+        block = self._vector[at:]
+        block[:] = 0.0
+        ranked, level_mass = ranked[:TREE_RANKS], level_mass[:k]
+        block[: len(ranked)] = ranked
+        block[TREE_RANKS : TREE_RANKS + len(level_mass)] = level_mass
+
     def build(self, depth: int, cap: int, context_length: int, generated: int = 0) -> np.ndarray:
         """The observation vector now (a copy), every entry clipped to [-BOUND, BOUND]."""
         vector, k = self._vector, self.schema.max_depth
@@ -200,6 +238,17 @@ class ObservationBuilder:
         if self.schema.copy:
             vector[-1] = _bounded(generated / GENERATED_SCALE)
         return vector.copy()
+
+
+def tree_summary(depths: Sequence[int], scores: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """What a version-5 observation shows of a grown tree, from its nodes' depths (1 = the root's children) and
+    cumulative draft log-probabilities: the :data:`TREE_RANKS` largest cumulative probabilities, largest first, and
+    the summed cumulative probability of each level grown."""
+    probs = np.exp(np.asarray(scores, dtype=np.float64))
+    depths = np.asarray(depths, dtype=np.int64)
+    ranked = np.sort(probs)[::-1][:TREE_RANKS]
+    mass = np.bincount(depths - 1, weights=probs) if len(depths) else np.zeros(0)
+    return tuple(ranked.tolist()), tuple(mass.tolist())
 
 
 def _bounded(x: float) -> float:

@@ -71,6 +71,11 @@ class DraftState:
     copy_first: tuple[float, float] = (0.0, 0.0)
     """With a copy drafter: its first proposal's share among the match's continuations and their entropy in
     nats, known before the round drafts ((0, 0): no match, or no copy drafter)."""
+    tree_ranked: tuple[float, ...] = ()
+    """With draft trees: the cumulative draft probabilities (products along their paths) of the grown tree's best
+    nodes, largest first (up to :data:`~adaptive.observation.TREE_RANKS`; empty for chains)."""
+    tree_level_mass: tuple[float, ...] = ()
+    """With draft trees: each grown level's summed cumulative probability, level 1 first."""
 
     @property
     def depth(self) -> int:

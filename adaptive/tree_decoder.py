@@ -12,11 +12,13 @@ confirmed token except the last (the draft possibly fewer).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
 from adaptive.generation import Decoder, Generation, TokenBudget
+from adaptive.observation import tree_summary
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats
 from adaptive.sampling import GREEDY, SamplingConfig, arg_max, check_logits, sampling_distribution
 from adaptive.tree import DraftTree, TreeShape, accept_greedy, accept_sampled, attention_mask, grow_level
@@ -87,6 +89,12 @@ class TreeGeneration(Generation):
 
     def steps(self) -> tuple[DraftStep, ...]:
         return tuple(self._steps)
+
+    def state(self) -> DraftState:
+        """What a policy knows now, with what the grown tree shows (:func:`~adaptive.observation.tree_summary`)."""
+        nodes = self.tree.nodes
+        ranked, level_mass = tree_summary([n.depth for n in nodes], [n.score for n in nodes])
+        return replace(super().state(), tree_ranked=ranked, tree_level_mass=level_mass)
 
     def draft_step(self, features: bool = True) -> DraftStep:
         """Grow the tree by one level; the step is the level's best node (features always computed)."""

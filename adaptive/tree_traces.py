@@ -12,8 +12,9 @@ every position's depth-1 children; each further depth is one draft forward over 
 each node seeing its own context prefix of the shared cache and its ancestors (a flattened tree mask).
 
 Storage: one compressed ``.npz`` (no pickles); per position ``M = k + (D - 1)·W·k`` node slots in creation
-order (depth 0 where the tree has fewer nodes), each with its depth, on-path flag and rank in the
-verification order — the only use replay has for the draft's scores (tokens are not needed either).
+order (depth 0 where the tree has fewer nodes), each with its depth, on-path flag, rank in the verification
+order and (format 3) its cumulative draft probability in steps of 1/255, beside each level's summed cumulative
+probability (float16): what tree policies observe (:func:`~adaptive.observation.tree_summary`). Tokens are not needed.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from adaptive.sampling import STEP_FEATURES
 from adaptive.traces import holds_margins, read_trace_file, with_margins, write_npz
 from adaptive.tree import DraftTree, TreeShape, grow_level, rank_children
 
-TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/2"
-READABLE_TREE_FORMATS = ("adaptive-draft/tree-trace/1", TREE_TRACE_FORMAT)
-"""Format 1 lacks the best nodes' margins (NaN when read)."""
+TREE_TRACE_FORMAT = "adaptive-draft/tree-trace/3"
+READABLE_TREE_FORMATS = ("adaptive-draft/tree-trace/1", "adaptive-draft/tree-trace/2", TREE_TRACE_FORMAT)
+"""Format 1 lacks the best nodes' margins (NaN when read); formats 1 and 2 lack the nodes' probabilities (None when read)."""
+PROB_STEPS = 255
+"""A node's cumulative probability is kept as round(p * PROB_STEPS) in a byte: within 0.002 of the draft's."""
 
 
 @dataclass
@@ -57,6 +60,11 @@ class TreeTraceSet:
     """[N, M] bool: the node continues y."""
     features: np.ndarray
     """[N, D, 4] float16 :data:`STEP_FEATURES` of each depth's best node."""
+    node_prob: np.ndarray | None = None
+    """[N, M] float32 cumulative draft probability of each node (the product along its path; 0: no node), to 1/255;
+    None in formats 1 and 2."""
+    level_mass: np.ndarray | None = None
+    """[N, D] float32 summed cumulative probability of each level's nodes; None in formats 1 and 2."""
     metadata: dict = field(default_factory=dict)
 
     @property
@@ -74,6 +82,11 @@ class TreeTraceSet:
         return holds_margins(self.features)
 
     @property
+    def has_scores(self) -> bool:
+        """True for traces recorded with every node's cumulative probability and each level's (format 3 or later)."""
+        return self.node_prob is not None and self.level_mass is not None
+
+    @property
     def max_new_tokens(self) -> int:
         return int(self.metadata["max_new_tokens"])
 
@@ -81,7 +94,16 @@ class TreeTraceSet:
         return len(self.prompt_ids)
 
     def save(self, path: str | Path) -> None:
-        arrays = {"rank": self.rank.astype(np.int8), "depth": self.depth.astype(np.int8), "on_path": self.on_path, "features": self.features.astype(np.float16)}
+        if not self.has_scores:
+            raise ValueError("these tree traces hold no node probabilities (format 1 or 2); record them again to write format 3")
+        arrays = {
+            "rank": self.rank.astype(np.int8),
+            "depth": self.depth.astype(np.int8),
+            "on_path": self.on_path,
+            "features": self.features.astype(np.float16),
+            "node_prob": np.rint(self.node_prob * PROB_STEPS).astype(np.uint8),
+            "level_mass": self.level_mass.astype(np.float16),
+        }
         write_npz(path, self, arrays, TREE_TRACE_FORMAT)
 
     @staticmethod
@@ -99,6 +121,8 @@ class TreeTraceSet:
             depth=data["depth"].astype(np.int64),
             on_path=data["on_path"],
             features=with_margins(data["features"].astype(np.float32)),
+            node_prob=data["node_prob"].astype(np.float32) / PROB_STEPS if "node_prob" in data else None,
+            level_mass=data["level_mass"].astype(np.float32) if "level_mass" in data else None,
             metadata=metadata,
         )
 
@@ -134,6 +158,8 @@ def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, dep
         "depth": np.zeros((n, m), dtype=np.int64),
         "on_path": np.zeros((n, m), dtype=bool),
         "features": np.zeros((n, depth, len(STEP_FEATURES)), dtype=np.float32),
+        "node_prob": np.zeros((n, m), dtype=np.float32),
+        "level_mass": np.zeros((n, depth), dtype=np.float32),
     }
     for t, tree in enumerate(trees):
         nodes = tree.nodes
@@ -141,6 +167,8 @@ def tree_arrays(trees: list[DraftTree], output: list[int], shape: TreeShape, dep
             arrays["rank"][t, j] = place
         for j, node in enumerate(nodes):
             arrays["depth"][t, j] = node.depth
+            arrays["node_prob"][t, j] = np.exp(node.score)
+            arrays["level_mass"][t, node.depth - 1] += np.exp(node.score)
             position = t + node.depth - 1
             parent_ok = node.parent < 0 or arrays["on_path"][t, node.parent]
             arrays["on_path"][t, j] = parent_ok and position < len(output) and node.token == output[position]

@@ -92,6 +92,13 @@ class Backend(ABC):
 
     shows_margins: bool = True
     """Whether :meth:`draft` shows each step's margin (replay of traces recorded before it was: NaN instead)."""
+    shows_tree_scores: bool = False
+    """Whether :meth:`tree_view` shows the grown tree's node probabilities (tree backends whose traces hold them)."""
+
+    def tree_view(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """What this round's tree, grown so far, shows a policy (:func:`~adaptive.observation.tree_summary`): its best
+        nodes' cumulative probabilities, largest first, and each grown level's summed cumulative probability."""
+        raise NotImplementedError(f"{type(self).__name__} shows no draft tree's node probabilities")
 
     @abstractmethod
     def draft(self) -> tuple[float, float, float, float, int] | None:

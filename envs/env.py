@@ -53,7 +53,7 @@ import gymnasium as gym
 import numpy as np
 
 from adaptive.costmodel import throughput_speedup
-from adaptive.observation import BOUND, RECENT, SCHEMA_VERSION, VERSIONS, ObservationBuilder, ObservationSchema
+from adaptive.observation import BOUND, RECENT, SCHEMA_VERSION, TREE_VERSION, VERSIONS, ObservationBuilder, ObservationSchema
 from adaptive.policy import DraftPolicy, DraftState, DraftStep, RoundStats, verifiable
 from envs.backend import Backend, Cycle
 
@@ -74,10 +74,17 @@ def replay_decision_seconds(policy: DraftPolicy | None, configured: float) -> fl
 
 def observation_schema(backend: Backend, version: int | None = None) -> ObservationSchema:
     """The observation layout of an environment over ``backend``: schema ``version``, or (None) the newest one
-    the backend can show — version 4 with the steps' margins, else (replay of traces recorded before margins
-    were) version 3 with the copy drafter's fields or 1 without. An explicit version the backend cannot show
-    is refused."""
+    the backend can show — version 5 with a draft tree's node scores, version 4 with the steps' margins, else
+    (replay of traces recorded before margins were) version 3 with the copy drafter's fields or 1 without. An
+    explicit version the backend cannot show is refused."""
     copy = len(backend.sources) > 1
+    if version == TREE_VERSION or (version is None and backend.shows_tree_scores and backend.shows_margins):
+        if not backend.shows_tree_scores:
+            raise ValueError(
+                f"observation schema version {TREE_VERSION} shows the draft tree's node scores, which this backend lacks (tree traces "
+                "recorded before tree trace format 3, or chains): re-record them with adaptive record --tree, or use version 4"
+            )
+        return ObservationSchema(backend.max_depth, version=TREE_VERSION, tree=True)
     if version is None:
         version = SCHEMA_VERSION if backend.shows_margins else max(v for v in VERSIONS[copy] if v < SCHEMA_VERSION)
     schema = ObservationSchema(backend.max_depth, copy=copy, version=version)
@@ -199,6 +206,7 @@ class SpecDecodeEnv(gym.Env):
     def draft_state(self) -> DraftState:
         """The decision-time state as the decoder would show it to a :class:`DraftPolicy`."""
         backend = self.backend
+        ranked, level_mass = backend.tree_view() if backend.shows_tree_scores and self._steps else ((), ())
         return DraftState(
             backend.context_length,
             tuple(self._steps),
@@ -208,6 +216,8 @@ class SpecDecodeEnv(gym.Env):
             self._source,
             backend.generated,
             backend.copy_first,
+            ranked,
+            level_mass,
         )
 
     # --- internals -------------------------------------------------------------------------------------
@@ -227,6 +237,8 @@ class SpecDecodeEnv(gym.Env):
         self._steps.append(DraftStep(-1, top1, entropy, log_prob, cumulative, match, margin))
         if self._builder is not None:
             self._builder.add_step(len(self._steps), top1, entropy, cumulative, match, margin)
+            if self.schema.tree:
+                self._builder.set_tree(*self.backend.tree_view())
 
     def _begin_round(self) -> None:
         """Start rounds until one needs a decision (or the generation ends)."""

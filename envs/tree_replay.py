@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from adaptive.observation import TREE_RANKS
 from adaptive.policy import verifiable
 from adaptive.profile import CostProfile
 from adaptive.tree_traces import TreeTraceSet, nodes_needed
@@ -40,6 +41,15 @@ class TreeReplayBackend(TraceReplay):
         self._need = nodes_needed(traces.rank, traces.depth, traces.on_path, traces.max_depth).tolist()
         grown = [(traces.depth >= 1) & (traces.depth <= d) for d in range(1, traces.max_depth + 1)]
         self._nodes_by_depth = np.stack(grown, axis=1).sum(axis=2)
+        self.shows_tree_scores = traces.has_scores
+
+    def tree_view(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        if not self.shows_tree_scores:
+            raise ValueError("these tree traces hold no node probabilities (recorded before tree trace format 3): re-record them with adaptive record --tree")
+        position, traces = self._start + self._t, self.traces
+        depths = traces.depth[position]
+        ranked = np.sort(traces.node_prob[position][(depths >= 1) & (depths <= self._depth)])[::-1][:TREE_RANKS]
+        return tuple(ranked.tolist()), tuple(traces.level_mass[position][: self._depth].tolist())
 
     @property
     def max_size(self) -> int:
@@ -51,6 +61,24 @@ class TreeReplayBackend(TraceReplay):
 
     def default_size(self, depth: int) -> int:
         return min(self.size, self.verifiable(depth))
+
+    def tree_lookahead(self, depth: int) -> tuple[int, Cycle]:
+        """The fewest nodes with which the tree grown ``depth`` levels here accepts the most it can (its on-path
+        levels among the nodes a round may verify), and that round's outcome and price; nothing moves on."""
+        need = [n for n in self._need[self._start + self._t][depth - 1][:depth] if n <= self.verifiable(depth)]
+        size = max(need, default=1)
+        accepted = sum(1 for n in need if n <= size)
+        context = self._prompt_length + self._t
+        last_emitted = self._recent[-1] + 1 if self._recent else None
+        cycle = Cycle(
+            drafted=depth,
+            verified=size,
+            accepted=accepted,
+            emitted=min(accepted + 1, self._length - self._t),
+            draft_seconds=self.profile.round_drafting_seconds(context, depth, last_emitted, True),
+            verify_seconds=self.profile.round_verifying_seconds(context, size, True),
+        )
+        return size, cycle
 
     def verify(self, size: int) -> Cycle:
         depth = self._depth

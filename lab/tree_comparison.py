@@ -34,7 +34,7 @@ from lab.evaluation import PromptRecord, gain_line, grid_search_splits, oracle_s
 from lab.plots import plot_speedups
 from lab.report import format_table
 from policies.baselines import StaticDepth
-from policies.oracle import OraclePolicy
+from policies.oracle import OraclePolicy, TreeOracle
 
 
 def tree_grid(
@@ -110,6 +110,7 @@ def evaluate_trees(
             else:
                 decoders[name] = lambda p=policy: SpeculativeDecoder(pair.target, pair.draft, p, max_depth=p.schema.max_depth)
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
+    replay["tree oracle (replay only)"] = play(tree_backend, lambda: TreeOracle(tree_backend), range(len(test_tree)), test_tree.langs, seconds)
     rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
     gains = {
         f"{name} vs {kind} grid": records_gain(replay[name], replay[next(n for n in replay if n.startswith(f"{kind} grid"))])
@@ -168,14 +169,15 @@ def _report(result: dict, rows: list[list]) -> str:
         "",
     ]
     replay = result["replay"]
-    oracle = replay["chain oracle (replay only)"]["all"]["speedup"]
     for label, gain in result["replay_gains"].items():
         lines.append(gain_line(label, gain, "replay"))
-        name = label.split(" vs ")[0]
-        if name.startswith("chain"):
-            chain_grid = replay[next(n for n in replay if n.startswith("chain grid"))]["all"]["speedup"]
-            share = oracle_share(replay[name]["all"]["speedup"], chain_grid, oracle)
-            lines.append(f"- {name} captures {share:.0%} of the chain oracle's gain over chain grid search (replay; trees have no oracle yet)")
+        name, kind = label.split(" vs ")[0], label.split(" vs ")[1].split()[0]
+        if name.startswith(kind):
+            grid = replay[next(n for n in replay if n.startswith(f"{kind} grid"))]["all"]["speedup"]
+            oracle = replay.get(f"{kind} oracle (replay only)", {}).get("all", {}).get("speedup")
+            if oracle is not None:
+                share = oracle_share(replay[name]["all"]["speedup"], grid, oracle)
+                lines.append(f"- {name} captures {share:.0%} of the {kind} oracle's gain over {kind} grid search (replay; the tree oracle: per round)")
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
     if result["live_modelled"]:

@@ -71,5 +71,48 @@ class SourceOracle(BasePolicy):
         return state.depth < self._depth
 
 
+class KnowsTreeRounds(Protocol):
+    cap: int
+    context_length: int
+
+    def tree_lookahead(self, depth: int) -> tuple[int, PricedRound]:
+        """The fewest verified nodes with which a tree grown ``depth`` levels here accepts the most it can, and that round."""
+
+
+class TreeOracle(BasePolicy):
+    """Draft trees (replay only): per round, the depth whose tree, verifying the fewest nodes that accept all its
+    on-path levels, emits the most tokens per modelled second (ties: the shallower). Myopic, like
+    :class:`SourceOracle`: a reference for tree policies that choose depth and V, not a proven bound."""
+
+    name = "oracle (tree depth and V)"
+    reads_step_features = False
+    decision_seconds = RULE_DECISION_SECONDS
+    sizes_trees = True
+
+    def __init__(self, backend: KnowsTreeRounds) -> None:
+        self.backend = backend
+        self._planned_at: int | None = None
+        self._depth = self._size = 1
+
+    def reset(self) -> None:
+        self._planned_at = None
+
+    def _plan(self) -> None:
+        backend = self.backend
+        if self._planned_at == backend.context_length:
+            return
+        options = [(depth, *backend.tree_lookahead(depth)) for depth in range(1, backend.cap + 1)]
+        self._depth, self._size, _ = max(options, key=lambda option: (_rate(option[2]), -option[0]))
+        self._planned_at = backend.context_length
+
+    def should_continue(self, state: DraftState) -> bool:
+        self._plan()
+        return state.depth < self._depth
+
+    def verify_size(self, state: DraftState) -> int:
+        self._plan()
+        return self._size
+
+
 def _rate(cycle: PricedRound) -> float:
     return cycle.emitted / (cycle.draft_seconds + cycle.verify_seconds)

@@ -77,6 +77,7 @@ def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_pat
     assert fitted["chain_best"] in (1, 2) and fitted["tree_best"]["depth"] in (1, 2)
     assert max(fitted["tree_grid"].values()) == fitted["tree_grid"][f"{fitted['tree_best']['depth']},{fitted['tree_best']['size']}"]
     assert replay[tree]["all"]["tokens"] == replay[chain]["all"]["tokens"]  # same greedy outputs
+    assert replay["tree oracle (replay only)"]["all"]["speedup"] > replay[tree]["all"]["speedup"]
     assert "trees vs chains" in (tmp_path / "report.md").read_text()
 
 

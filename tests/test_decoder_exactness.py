@@ -147,12 +147,17 @@ TREE_CASES = {
 
 def empirical_tree_counts(decoder: TreeDecoder, n: int) -> torch.Tensor:
     """The first two tokens of ``n`` seeded generations of three tokens: the first round grows two levels (the budget
-    caps a round at one level fewer than it has left), so both tokens can come from the tree's accepted path."""
+    caps a round at one level fewer than it has left), so both tokens can come from the tree's accepted path. Each
+    generation stops at the round that emits its second token (later rounds cannot change the first two)."""
     vocab = decoder.target.model.config.vocab_size
     counts = torch.zeros(vocab, vocab, dtype=torch.float64)
     for seed in range(n):
-        first, second, *_ = decoder.generate(PROMPT, max_new_tokens=3, seed=seed).token_ids
-        counts[first, second] += 1
+        tokens: list[int] = []
+        for stats in decoder.stream(PROMPT, max_new_tokens=3, seed=seed):
+            tokens += stats.tokens
+            if len(tokens) >= 2:
+                break
+        counts[tokens[0], tokens[1]] += 1
     return counts
 
 

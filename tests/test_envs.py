@@ -266,6 +266,12 @@ def test_schemas_of_every_version_rebuild_from_a_saved_description():
         ObservationSchema.of({**copy[4].describe(), "version": 7})
     with pytest.raises(SchemaMismatch, match="size"):  # a description that contradicts its version
         ObservationSchema.of({**copy[3].describe(), "version": 2})
+    tree = ObservationSchema(4, version=5, tree=True)  # version 5: the grown tree's best nodes and level masses
+    assert tree.size == plain[4].size + 32 + 4 and tree.names[: plain[4].size] == plain[4].names
+    assert ObservationSchema.of(tree.describe()) == tree
+    for wrong in ({"version": 5}, {"tree": True}, {"version": 5, "tree": True, "copy": True}):
+        with pytest.raises(ValueError, match="version 5, tree=True and no copy drafter"):
+            ObservationSchema(4, **wrong)
 
 
 def test_bad_settings_are_named():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_llama
@@ -13,7 +14,7 @@ from adaptive.cached_model import CachedModel
 from adaptive.decoder import SpeculativeDecoder, generate_plain
 from adaptive.tree import DraftTree, TreeShape, accept_greedy, attention_mask, grow_level
 from adaptive.tree_decoder import TreeDecoder
-from policies import make_policy
+from policies import StaticDepth, make_policy
 
 PROMPT = [1, 5, 2, 9, 4, 4, 7]
 
@@ -155,6 +156,104 @@ def test_tree_replay_reproduces_live_tree_rounds(target, far_draft, shape, depth
                 ], (size, gamma)
 
 
+class TreeWitness(StaticDepth):
+    """static:3 that notes, at every decision, what the grown tree shows it."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.seen: list[tuple[int, tuple[float, ...], tuple[float, ...]]] = []
+
+    def should_continue(self, state) -> bool:
+        self.seen.append((state.depth, state.tree_ranked, state.tree_level_mass))
+        return super().should_continue(state)
+
+
+def test_replayed_tree_policies_see_what_the_live_tree_shows(target, far_draft, tiny_tree_traces):
+    """At every depth decision, the grown tree's best nodes' cumulative probabilities (to the traces' 1/255) and each
+    level's summed probability (to float16): replayed from format-3 tree traces as the tree decoder shows them live,
+    and the observation's tree block built from them."""
+    from conftest import flat_profile
+
+    from adaptive.observation import TREE_RANKS, ObservationBuilder, ObservationSchema, tree_summary
+    from adaptive.tree_traces import TreeTraceSet
+    from envs.env import SpecDecodeEnv
+    from envs.rollout import run_policy
+    from envs.tree_replay import TreeReplayBackend
+
+    traces = TreeTraceSet.load(tiny_tree_traces)
+    assert traces.has_scores
+    backend = TreeReplayBackend(traces, flat_profile(), max_depth=4, size=6)
+    prompts = [[(7 * i + j) % 16 for j in range(5 + i % 4)] for i in range(3)]
+    replayed = TreeWitness()
+    run_policy(backend, replayed, range(3), 0.0)
+    live = TreeWitness()
+    for prompt in prompts:
+        TreeDecoder(target, far_draft, live, TreeShape(3, 3, 6), max_depth=4).generate(prompt, 48)
+    assert len(replayed.seen) == len(live.seen) > 20
+    for (depth, ranked, mass), (live_depth, live_ranked, live_mass) in zip(replayed.seen, live.seen, strict=True):
+        assert depth == live_depth and len(ranked) == min(TREE_RANKS, len(live_ranked)) and len(mass) == len(live_mass) == depth
+        assert ranked == pytest.approx(live_ranked[:TREE_RANKS], abs=0.5 / 255 + 1e-6)
+        assert mass == pytest.approx(live_mass, rel=1e-3)
+    env = SpecDecodeEnv(TreeReplayBackend(traces, flat_profile(), max_depth=4, size=6))
+    assert env.schema == ObservationSchema(4, version=5, tree=True)
+    observation, _ = env.reset(options={"prompt": 0})
+    ranked, mass = env.backend.tree_view()
+    assert observation[-(TREE_RANKS + 4) :] == pytest.approx([*ranked, *[0.0] * (TREE_RANKS - 3), *mass, 0.0, 0.0, 0.0], abs=1e-6)
+    assert len(ranked) == 3 and mass[0] == pytest.approx(sum(ranked), abs=2 / 255)  # one level: its k = 3 nodes
+    summary = tree_summary([1, 2, 2, 1], [-0.5, -0.7, -3.0, -0.1])
+    assert summary[0] == pytest.approx(np.exp([-0.1, -0.5, -0.7, -3.0]))
+    assert summary[1] == pytest.approx([np.exp(-0.5) + np.exp(-0.1), np.exp(-0.7) + np.exp(-3.0)])
+    builder = ObservationBuilder(env.schema, 0.1, [1.0, 1.1])
+    builder.set_tree(*summary)
+    block = builder.build(2, 4, 10)[-(TREE_RANKS + 4) :]
+    assert block == pytest.approx([*summary[0], *[0.0] * (TREE_RANKS - 4), *summary[1], 0.0, 0.0])
+
+
+def test_tree_traces_without_scores_replay_with_the_chain_observation():
+    """Tree traces of format 2 (no node scores) still load and replay, with observation version 4; version 5 is refused
+    with what to do."""
+    from pathlib import Path
+
+    from conftest import flat_profile
+
+    from adaptive.tree_traces import TreeTraceSet
+    from envs.env import SpecDecodeEnv
+    from envs.tree_replay import TreeReplayBackend
+
+    traces = TreeTraceSet.load(Path(__file__).resolve().parents[1] / "data" / "traces" / "smollm2-135m-test-tree.npz")
+    assert not traces.has_scores
+    backend = TreeReplayBackend(traces, flat_profile(), max_depth=6)
+    assert SpecDecodeEnv(backend).schema.version == 4
+    with pytest.raises(ValueError, match="re-record them with adaptive record --tree"):
+        SpecDecodeEnv(backend, schema_version=5)
+
+
+def test_the_tree_oracle_verifies_the_fewest_nodes_that_accept_the_most(tiny_tree_traces):
+    """Per round, each depth's lookahead verifies the fewest nodes that accept the most the tree can (checked against
+    the reference acceptance over every size), and the oracle takes the depth with the best modelled rate."""
+    from conftest import flat_profile
+
+    from adaptive.tree_traces import TreeTraceSet, accepted_in_tree
+    from envs.rollout import run_policy
+    from envs.tree_replay import TreeReplayBackend
+    from policies.oracle import TreeOracle
+
+    traces = TreeTraceSet.load(tiny_tree_traces)
+    backend = TreeReplayBackend(traces, flat_profile(), max_depth=4, size=6)
+    for prompt in range(len(traces)):
+        backend.start_prompt(prompt)
+        row = int(traces.offsets[prompt])
+        for depth in range(1, 5):
+            size, cycle = backend.tree_lookahead(depth)
+            accepted = [accepted_in_tree(traces.rank[row], traces.depth[row], traces.on_path[row], depth, v) for v in range(1, backend.verifiable(depth) + 1)]
+            assert cycle.accepted == max(accepted) and size == (accepted.index(max(accepted)) + 1 if max(accepted) else 1)
+    oracle = sum(e.tokens / e.seconds for e in run_policy(backend, TreeOracle(backend), range(len(traces)), 0.0))
+    for depth in range(1, 5):
+        for size in (1, 3, 6, 12):
+            backend.size = size
+            assert oracle >= sum(e.tokens / e.seconds for e in run_policy(backend, StaticDepth(depth), range(len(traces)), 0.0)), (depth, size)
+
+
 def test_tree_replay_prices_a_round_by_the_tree_profile_s_parts(target, near_draft, tiny_tree_traces):
     """A replayed tree round costs the profile's first draft step, a W-node forward per later level, the target's masked
     forward of the verified nodes and the tree decoder's own work, at the round's context."""
@@ -220,6 +319,7 @@ def test_tree_policies_train_cotrained_and_drive_the_tree_decoder(tiny_tree_trac
     train(config, tmp_path / "run")
     policy = load_policy(tmp_path / "run")
     assert policy.sizes_trees and policy.metadata["tree"] == {"branching": 3, "width": 3, "size": 6}
+    assert policy.schema.tree and policy.schema.version == 5  # it saw the grown tree's node scores
     decoder = TreeDecoder(target, far_draft, policy, TreeShape(3, 3, 6), max_depth=4)
     result = decoder.generate(PROMPT, 40)
     assert result.token_ids == generate_plain(target, PROMPT, 40).token_ids
