@@ -1,4 +1,5 @@
-"""Greedy tree traces: per position, the draft tree the tree decoder would grow, for exact replay.
+"""Tree traces: per position, the draft tree the tree decoder would grow, for exact replay (greedy, and in distribution
+at T > 0).
 
 Under greedy decoding every tree policy emits the target's greedy output y. At position t (context =
 prompt + y[:t]) the tree grown to depth D with shape (k, W) contains, for every smaller depth d, exactly
@@ -6,6 +7,14 @@ the tree grown to d (growth only adds deeper nodes). A node is *on path* when it
 depth and its parent is on path. Verifying the best V nodes of the tree grown to depth d then accepts the
 longest run of on-path nodes, depth 1, 2, … that are all among those V — exactly what
 :class:`~adaptive.tree_decoder.TreeDecoder` accepts. Only time comes from a cost profile.
+
+At T > 0 the same holds along an output o sampled from the target (as sampled chain traces hold it): the tree is the
+draft's top-k, which does not depend on sampling, and recursive rejection sampling over a node's verified children
+accepts a child exactly when its token is the one emitted there (a rejected child's token leaves the residual, and the
+residual emits none of the tried children). So the accepted path is the longest on-path run among the verified nodes,
+as under greedy decoding, with o for y; since speculative decoding emits o distributed as the target samples it, tree
+replay along sampled outputs is exact in distribution for every policy (metadata ``temperature``, ``top_k``, ``top_p``
+of the chain traces followed).
 
 Recording grows the trees of all positions of a prompt at once: one teacher-forced draft forward gives
 every position's depth-1 children; each further depth is one draft forward over every position's frontier,
@@ -85,6 +94,11 @@ class TreeTraceSet:
     def has_scores(self) -> bool:
         """True for traces recorded with every node's cumulative probability and each level's (format 3 or later)."""
         return self.node_prob is not None and self.level_mass is not None
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature of the outputs the trees follow (0: greedy)."""
+        return float(self.metadata.get("temperature", 0.0))
 
     @property
     def max_new_tokens(self) -> int:

@@ -34,6 +34,7 @@ from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
 from lab.environments import quick_profile
+from lab.evaluation import ratio_interval
 from lab.live_protocol import pause_file, wait_while_paused
 from lab.report import format_table
 from policies import make_policy
@@ -182,21 +183,13 @@ def run_sampled(args: argparse.Namespace, traces: TraceSet, replay: ReplayBacken
     }
 
 
-def _ratio_interval(rows: list[dict], top: str, bottom: str, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Σ top / Σ bottom over rows, and its 95 % percentile interval from a bootstrap over rows (prompts)."""
-    a, b = np.array([r[top] for r in rows], dtype=float), np.array([r[bottom] for r in rows], dtype=float)
-    picks = np.random.default_rng(seed).integers(0, len(rows), size=(resamples, len(rows)))
-    low, high = np.percentile(a[picks].sum(1) / b[picks].sum(1), [2.5, 97.5])
-    return float(a.sum() / b.sum()), float(low), float(high)
-
-
 def sampled_report(result: dict) -> str:
     rows, table = result["sampled_rows"], []
     for spec in [*POLICIES, "all"]:
         mine = [r for r in rows if spec in (r["policy"], "all")]
         cells = [spec, len({r["prompt"] for r in mine}), sum(r["outputs"] for r in mine) // max(1, len({r["policy"] for r in mine}))]
         for top, bottom in (("accepted", "rounds"), ("seconds", "tokens")):
-            value, low, high = _ratio_interval(mine, f"live_{top}", f"live_{bottom}")
+            value, low, high = ratio_interval(mine, f"live_{top}", f"live_{bottom}")
             replayed = sum(r[f"replay_{top}"] for r in mine) / sum(r[f"replay_{bottom}"] for r in mine)
             scale = 1e3 if top == "seconds" else 1.0
             cells += [f"{value * scale:.3f} [{low * scale:.3f}, {high * scale:.3f}]", f"{replayed * scale:.3f}", "yes" if low <= replayed <= high else "NO"]

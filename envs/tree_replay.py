@@ -1,4 +1,5 @@
-"""Tree replay backend: exact greedy acceptances of draft trees from tree traces, time from a cost profile.
+"""Tree replay backend: exact acceptances of draft trees from tree traces (greedy, or in distribution along sampled
+outputs: :mod:`adaptive.tree_traces`), time from a cost profile.
 
 A round at position t grows the recorded tree level by level (``draft`` returns each level's best node's
 features, as the tree decoder shows its depth policy), then verifies the best ``size`` nodes of the levels

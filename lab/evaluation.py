@@ -87,6 +87,14 @@ def paired_ratio(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, floa
     return float(ta.sum() / sa.sum() / (tb.sum() / sb.sum())), float(low), float(high)
 
 
+def ratio_interval(rows: Sequence[dict], top: str, bottom: str, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Σ ``top`` / Σ ``bottom`` over ``rows`` (one per prompt) and its 95 % percentile interval from a bootstrap over them."""
+    a, b = np.array([r[top] for r in rows], dtype=float), np.array([r[bottom] for r in rows], dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(rows), size=(resamples, len(rows)))
+    low, high = np.percentile(a[picks].sum(1) / b[picks].sum(1), [2.5, 97.5])
+    return float(a.sum() / b.sum()), float(low), float(high)
+
+
 def verdict(low: float, high: float) -> str:
     """How a 95 % interval of a ratio reads: faster, slower, or not significant (it covers 1)."""
     if low > 1.0:

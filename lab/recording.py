@@ -141,11 +141,18 @@ def record_tree_traces(
     per_language: int | None = None,
     limit: int | None = None,
 ) -> TreeTraceSet:
-    """Tree traces along the greedy outputs of a split's chain traces (which recorded and checked them)."""
+    """Tree traces along the outputs of a split's chain traces (which recorded and checked them): greedy, or sampled from
+    the target at T > 0 (then replayed exactly in distribution: :mod:`adaptive.tree_traces`), keeping their sampling."""
     source = Path(chain_traces)
     if source.suffix != ".npz":
-        raise ValueError(f"tree traces follow a split's chain trace file (.npz) holding the greedy outputs, got {source}")
+        raise ValueError(f"tree traces follow a split's chain trace file (.npz) holding its outputs, got {source}")
     chain = TraceSet.load(source)
+    recorded_on, running = chain.metadata.get("engine", "eager"), engine_of(pair.target)
+    if recorded_on != running:
+        raise ValueError(
+            f"{source} holds outputs of the target on engine {recorded_on!r}, and the draft reads the target's states: record the trees "
+            f"on the same engine (--engine {recorded_on}), not {running!r}"
+        )
     by_id = {p["id"]: p for p in load_prompts(split)}
     keep = [i for i in range(len(chain)) if lang in (None, chain.langs[i])]
     if per_language:
@@ -156,6 +163,7 @@ def record_tree_traces(
     if any(len(x) != int(chain.prompt_lengths[i]) for x, i in zip(ids, keep)):
         raise ValueError(f"{source} was recorded with other prompt tokens than this tokenizer gives")
     outputs = [chain.output(i).tolist() for i in keep]
-    metadata = trace_metadata(pair, name, split, dtype, outputs_from=str(source), max_new_tokens=chain.max_new_tokens)
+    sampling = {key: chain.metadata[key] for key in ("sampling", "temperature", "top_k", "top_p", "seed", "samples_per_prompt") if key in chain.metadata}
+    metadata = trace_metadata(pair, name, split, dtype, outputs_from=str(source), max_new_tokens=chain.max_new_tokens, **sampling)
     with tqdm(total=len(prompts), desc=f"record trees {split}", unit="prompt") as progress:
         return record_trees(pair.target, pair.draft, prompts, ids, outputs, shape, depth, metadata, progress)

@@ -112,18 +112,14 @@ def evaluate_trees(
     replay["chain oracle (replay only)"] = play(chain_backend, lambda: OraclePolicy(chain_backend), range(len(test_chain)), test_chain.langs, seconds)
     replay["tree oracle (replay only)"] = play(tree_backend, lambda: TreeOracle(tree_backend), range(len(test_tree)), test_tree.langs, seconds)
     rows, replay_data = replay_table(replay, profile.target_step_seconds, depth)
-    gains = {
-        f"{name} vs {kind} grid": records_gain(replay[name], replay[next(n for n in replay if n.startswith(f"{kind} grid"))])
-        for name in replay
-        for kind in ("tree", "chain")
-        if name.startswith(f"{kind} learned")
-    }
-    live, modelled = {}, {}
+    gains = {label: records_gain(replay[name], replay[reference]) for label, (name, reference) in _pairings(list(replay)).items()}
+    live, modelled, live_gains = {}, {}, {}
     if pair is not None:
         prompts, ids = live_protocol.first_prompts(pair, "test", live_per_language)
         checkpoint, identity = live_protocol.checkpoint_path(out, "test"), live_protocol.identity(pair, {"draft": pair.draft}, learned)
         measured = live_protocol.measure(pair.target, prompts, ids, decoders, new_tokens, repeats, desc="live test", checkpoint=checkpoint, identity=identity)
         live = live_protocol.summarise(measured)
+        live_gains = {label: live_protocol.compare(measured, *pairing) for label, pairing in _pairings(list(measured)).items()}
         if new_tokens == test_chain.max_new_tokens:  # replay emits the traces' budget
             modelled = live_against_replay(measured, replay, test_chain, profile)
     result = {
@@ -132,6 +128,7 @@ def evaluate_trees(
         "replay_gains": gains,
         "live": live,
         "live_modelled": modelled,
+        "live_gains": live_gains,
         "test_prompts": len(test_chain),
         "live_per_language": live_per_language,
         "repeats": repeats,
@@ -148,6 +145,14 @@ def evaluate_trees(
     track_comparison(config, out, rows, replay_data, live)
     live_protocol.discard_checkpoints(out)
     return result
+
+
+def _pairings(names: list[str]) -> dict[str, tuple[str, str]]:
+    """The comparisons an evaluation reports, label -> (configuration, reference): each learned policy against its
+    kind's grid search, and the tree grid against the chain grid."""
+    grid = {kind: next(n for n in names if n.startswith(f"{kind} grid")) for kind in ("tree", "chain")}
+    pairs = {f"{name} vs {kind} grid": (name, grid[kind]) for name in names for kind in grid if name.startswith(f"{kind} learned")}
+    return pairs | {"tree grid vs chain grid": (grid["tree"], grid["chain"])}
 
 
 def _report(result: dict, rows: list[list]) -> str:
@@ -177,9 +182,11 @@ def _report(result: dict, rows: list[list]) -> str:
             oracle = replay.get(f"{kind} oracle (replay only)", {}).get("all", {}).get("speedup")
             if oracle is not None:
                 share = oracle_share(replay[name]["all"]["speedup"], grid, oracle)
-                lines.append(f"- {name} captures {share:.0%} of the {kind} oracle's gain over {kind} grid search (replay; the tree oracle: per round)")
+                myopic = ", its oracle per round" if kind == "tree" else ""
+                lines.append(f"- {name} captures {share:.0%} of the {kind} oracle's gain over {kind} grid search (replay{myopic})")
     if result["live"]:
         lines += live_protocol.report(result["live"], result["repeats"])
+        lines += ["", *(gain_line(label, gain, "live, paired over prompts") for label, gain in result.get("live_gains", {}).items())]
     if result["live_modelled"]:
         lines += ["", "## Modelled against live: every row of the live table, replayed on the same prompts' test traces", ""]
         lines += modelled_table(result["live_modelled"])

@@ -156,6 +156,33 @@ def test_tree_replay_reproduces_live_tree_rounds(target, far_draft, shape, depth
                 ], (size, gamma)
 
 
+@pytest.mark.parametrize("shape,policy", [(TreeShape(2, 2, 6), "static:3"), (TreeShape(3, 2, 5), "entropy:1.0")])
+def test_sampled_tree_rounds_replay_exactly_along_their_output(target, far_draft, shape, policy):
+    """At T > 0 a verified child is accepted exactly when its token is the one emitted there, so trees recorded along a
+    sampled live output replay that generation's rounds exactly (hence, with outputs sampled from the target, exact
+    in distribution)."""
+    from conftest import flat_profile
+
+    from adaptive.sampling import SamplingConfig
+    from adaptive.tree_traces import record_trees
+    from envs.rollout import run_policy
+    from envs.tree_replay import TreeReplayBackend
+
+    budget, prompts = 40, [PROMPT, [3, 3, 8, 1], [12, 0, 5, 5, 5, 9, 2, 2]]
+    for sampling in (SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)):
+        decoder = TreeDecoder(target, far_draft, make_policy(policy), shape, sampling, max_depth=4)
+        for seed in range(3):
+            lives = [decoder.generate(p, budget, seed=seed * 10 + i) for i, p in enumerate(prompts)]
+            rows = [{"id": f"p{i}", "lang": "en"} for i in range(len(prompts))]
+            traces = record_trees(target, far_draft, rows, prompts, [r.token_ids for r in lives], shape, 4, {"max_new_tokens": budget})
+            replayed = run_policy(TreeReplayBackend(traces, flat_profile(), max_depth=4), make_policy(policy), range(len(prompts)), 0.0)
+            for live, episode in zip(lives, replayed, strict=True):
+                assert [(c.drafted, c.verified, c.accepted, c.emitted) for c in episode.cycles] == [
+                    (r.drafted, r.verified, r.accepted, r.emitted) for r in live.rounds
+                ], (sampling, seed)
+    assert any(r.accepted < r.drafted for r in lives[0].rounds) and any(r.accepted > 0 for live in lives for r in live.rounds)
+
+
 class TreeWitness(StaticDepth):
     """static:3 that notes, at every decision, what the grown tree shows it."""
 

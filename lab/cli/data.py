@@ -219,7 +219,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError(f"--depth must be >= 1 and --max-new-tokens >= 2, got {args.depth} and {args.max_new_tokens}")
     if args.tree and args.temperature > 0:
         raise ValueError(
-            "--tree records greedy traces only (tree replay is exact for greedy acceptance; sampled trees decode live, not replayed); drop --temperature"
+            "--tree follows the outputs of a chain trace file and keeps their sampling: for trees at T > 0, give sampled chain traces "
+            "(--outputs data/traces/PAIR-SPLIT-t0.7.npz, recorded with --temperature 0.7) and drop --temperature"
         )
     if args.copy and (args.tree or args.temperature > 0):
         raise ValueError("--copy records greedy chain traces (copy replay is greedy, chains only); drop --tree / --temperature")
@@ -247,7 +248,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             per_language=args.per_language,
             limit=args.limit,
         )
-        out = Path(args.out or TRACES / f"{name}-{args.split}-tree{engine_suffix(args.engine)}.npz")
+        sampled = f"-t{traces.temperature:g}" if traces.temperature > 0 else ""
+        out = Path(args.out or TRACES / f"{name}-{args.split}-tree{sampled}{engine_suffix(args.engine)}.npz")
         traces.save(out)
         print(
             f"{len(traces)} prompts, {int(traces.offsets[-1])} positions, k={shape.branching} W={shape.width} V={shape.size} depth {args.depth}, "
@@ -432,8 +434,9 @@ def register(commands) -> None:
     rec.add_argument(
         "--tree",
         metavar="K,W,V",
-        help="record draft-tree traces (greedy) along the outputs of the split's chain traces "
-        "(--outputs FILE.npz, default data/traces/PAIR-SPLIT[-ENGINE].npz); V is the default verified nodes; --depth = tree levels",
+        help="record draft-tree traces along the outputs of the split's chain traces, greedy or sampled (--outputs FILE.npz, "
+        "default data/traces/PAIR-SPLIT[-ENGINE].npz; sampled ones write PAIR-SPLIT-tree-tT.npz); V is the default verified nodes; "
+        "--depth = tree levels",
     )
     rec.add_argument(
         "--out",
