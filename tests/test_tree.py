@@ -418,3 +418,16 @@ def test_ranking_children_over_the_draft_vocabulary_equals_ranking_over_the_full
     assert reduced[0] == full[0] and all(set(tokens) <= set(SUBSET) for tokens in reduced[0])
     for a, b in zip(full[1:], reduced[1:]):
         assert torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), atol=1e-12)
+
+
+def test_trees_are_recorded_only_on_the_engine_their_outputs_were_sampled_on(target, near_draft):
+    """The draft may read the target's states, so trees grown on another engine than the outputs' would not be the ones
+    the live decoder grows along them: the recorder refuses, naming both engines."""
+    from pathlib import Path
+
+    from adaptive.pair import ModelPair
+    from lab.recording import record_tree_traces
+
+    chains = Path(__file__).resolve().parents[1] / "data" / "traces" / "smollm2-135m-test-compiled-int4.npz"
+    with pytest.raises(ValueError, match="engine 'compiled-int4'.*--engine compiled-int4.*not 'eager'"):
+        record_tree_traces(ModelPair(target, near_draft, None, "tiny"), "tiny", chains, split="test", dtype="float64", shape=TreeShape(2, 2, 4), depth=2)
