@@ -3,8 +3,10 @@
 Compared, with one cost profile for all (the config's, timed with a tree mask): grid search over static
 chain depth, grid search over tree (depth, V), both fitted in replay on the train and val traces; every
 learned run given — a run trained on tree traces decodes trees (its size network picks V), any other
-decodes chains; and the chain oracle. Replay on every test trace (chain traces for chains, tree traces for
-trees: both exact under greedy decoding), then live, wall clock, back to back with plain decoding.
+decodes chains; the chain rules of :data:`CHAIN_RULES`; the chain oracle and the per-round tree oracle. Replay on
+every test trace (chain traces for chains, tree traces for trees: both exact under greedy decoding), then live, wall
+clock, back to back with plain decoding; paired gains of each learned policy against its kind's grid search and
+transformers' default rule.
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ from lab.environments import TREE_SIZES, decoding_engine, resolve_profile
 from lab.evaluation import PromptRecord, gain_line, grid_search_splits, oracle_share, play, records_gain, static_speedups
 from lab.plots import plot_speedups
 from lab.report import format_table
+from policies import make_policy
 from policies.baselines import StaticDepth
 from policies.oracle import OraclePolicy, TreeOracle
+
+CHAIN_RULES = {"chain confidence:0.4": "confidence:0.4", "chain heuristic": "heuristic", "chain entropy:2": "entropy:2.0", "chain specdec:0.7": "specdec:0.7"}
+"""The chain rules beside grid search: transformers' default (confidence 0.4), the heuristic schedule, an entropy bound
+(AdaEDL's kind of rule) and SpecDec++'s stop on the shipped acceptance predictor."""
 
 
 def tree_grid(
@@ -87,12 +94,16 @@ def evaluate_trees(
         f"chain grid (static:{chain_best})": play(chain_backend, lambda: StaticDepth(chain_best), range(len(test_chain)), test_chain.langs, seconds),
         f"tree grid (static:{tree_depth}, V={tree_size})": play(tree_backend, lambda: StaticDepth(tree_depth), range(len(test_tree)), test_tree.langs, seconds),
     }
+    for name, spec in CHAIN_RULES.items():
+        replay[name] = play(chain_backend, lambda s=spec: make_policy(s, config.pair), range(len(test_chain)), test_chain.langs, seconds)
     decoders: dict[str, Callable[[], object]] = {}
     if pair is not None:
         decoders[f"chain grid (static:{chain_best})"] = lambda: SpeculativeDecoder(pair.target, pair.draft, StaticDepth(chain_best), max_depth=depth)
         decoders[f"tree grid (static:{tree_depth}, V={tree_size})"] = lambda: TreeDecoder(
             pair.target, pair.draft, StaticDepth(tree_depth), TreeShape(shape.branching, shape.width, tree_size), max_depth=depth
         )
+        for name, spec in CHAIN_RULES.items():
+            decoders[name] = lambda s=spec: SpeculativeDecoder(pair.target, pair.draft, make_policy(s, config.pair), max_depth=depth)
     for path in learned:
         policy = load_policy(path, pair=config.pair)
         tree = policy.metadata.get("tree")
@@ -149,9 +160,11 @@ def evaluate_trees(
 
 def _pairings(names: list[str]) -> dict[str, tuple[str, str]]:
     """The comparisons an evaluation reports, label -> (configuration, reference): each learned policy against its
-    kind's grid search, and the tree grid against the chain grid."""
+    kind's grid search and against transformers' default rule, and the tree grid against the chain grid."""
     grid = {kind: next(n for n in names if n.startswith(f"{kind} grid")) for kind in ("tree", "chain")}
     pairs = {f"{name} vs {kind} grid": (name, grid[kind]) for name in names for kind in grid if name.startswith(f"{kind} learned")}
+    rule = next(iter(CHAIN_RULES))
+    pairs |= {f"{name} vs {rule}": (name, rule) for name in names if "learned" in name and rule in names}
     return pairs | {"tree grid vs chain grid": (grid["tree"], grid["chain"])}
 
 

@@ -78,6 +78,7 @@ def test_tree_evaluation_compares_tree_and_chain_grid_searches_in_replay(tmp_pat
     assert max(fitted["tree_grid"].values()) == fitted["tree_grid"][f"{fitted['tree_best']['depth']},{fitted['tree_best']['size']}"]
     assert replay[tree]["all"]["tokens"] == replay[chain]["all"]["tokens"]  # same greedy outputs
     assert replay["tree oracle (replay only)"]["all"]["speedup"] > replay[tree]["all"]["speedup"]
+    assert {"chain confidence:0.4", "chain heuristic", "chain entropy:2", "chain specdec:0.7"} <= set(replay)
     assert "trees vs chains" in (tmp_path / "report.md").read_text()
 
 
