@@ -189,8 +189,9 @@ def _report(result: dict, rows: list[list]) -> str:
     replay = result["replay"]
     for label, gain in result["replay_gains"].items():
         lines.append(gain_line(label, gain, "replay"))
-        name, kind = label.split(" vs ")[0], label.split(" vs ")[1].split()[0]
-        if name.startswith(kind):
+        name, reference = label.split(" vs ")
+        kind = reference.split()[0]
+        if reference == f"{kind} grid" and name.startswith(kind):
             grid = replay[next(n for n in replay if n.startswith(f"{kind} grid"))]["all"]["speedup"]
             oracle = replay.get(f"{kind} oracle (replay only)", {}).get("all", {}).get("speedup")
             if oracle is not None:
