@@ -33,6 +33,7 @@ from envs.env import SpecDecodeEnv
 from envs.live import LiveBackend
 from envs.replay import ReplayBackend
 from envs.rollout import run_policy
+from lab.calibration import sampled_counts
 from lab.environments import quick_profile
 from lab.evaluation import ratio_interval
 from lab.live_protocol import pause_file, wait_while_paused
@@ -158,14 +159,7 @@ def run_sampled(args: argparse.Namespace, traces: TraceSet, replay: ReplayBacken
                     "lang": traces.langs[entries[prompt_id][0]],
                     "policy": spec,
                     "outputs": len(entries[prompt_id]),
-                    "live_rounds": sum(len(g.rounds) for g in lives),
-                    "live_accepted": sum(r.accepted for g in lives for r in g.rounds),
-                    "live_tokens": sum(len(g.token_ids) for g in lives),
-                    "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
-                    "replay_rounds": sum(len(e.cycles) for e in replays),
-                    "replay_accepted": sum(c.accepted for e in replays for c in e.cycles),
-                    "replay_tokens": sum(e.tokens for e in replays),
-                    "replay_seconds": sum(c.draft_seconds + c.verify_seconds for e in replays for c in e.cycles),
+                    **sampled_counts(lives, replays),
                 }
             )
             print(

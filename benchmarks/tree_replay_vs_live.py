@@ -32,6 +32,7 @@ from adaptive.tree_traces import TreeTraceSet
 from adaptive.workload import chat_ids, first_per_language, load_prompts
 from envs.rollout import run_policy
 from envs.tree_replay import TreeReplayBackend
+from lab.calibration import sampled_counts
 from lab.environments import TREE_SIZES, quick_profile
 from lab.evaluation import ratio_interval
 from lab.live_protocol import pause_file, wait_while_paused
@@ -106,14 +107,7 @@ def sampled(args: argparse.Namespace, traces: TreeTraceSet, profile: CostProfile
                     "config": config_name(spec, size),
                     "prompt": prompt_id,
                     "outputs": len(entries[prompt_id]),
-                    "live_rounds": sum(len(g.rounds) for g in lives),
-                    "live_accepted": sum(r.accepted for g in lives for r in g.rounds),
-                    "live_tokens": sum(len(g.token_ids) for g in lives),
-                    "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
-                    "replay_rounds": sum(len(e.cycles) for e in replays),
-                    "replay_accepted": sum(c.accepted for e in replays for c in e.cycles),
-                    "replay_tokens": sum(e.tokens for e in replays),
-                    "replay_seconds": sum(e.seconds for e in replays),
+                    **sampled_counts(lives, replays),
                 }
             )
         cells = [config_name(spec, size), len(mine), sum(r["outputs"] for r in mine)]

@@ -118,6 +118,21 @@ def compare_rows(model: dict, rows: list[dict]) -> dict:
     return compared
 
 
+def sampled_counts(lives: Sequence, replays: Sequence) -> dict[str, float]:
+    """Rounds, accepted tokens, tokens and draft + verify seconds of live generations (:class:`GenerationResult`) and of
+    replayed episodes (:class:`~envs.rollout.Episode`) of one prompt: what sampled replay is held against live by."""
+    return {
+        "live_rounds": sum(len(g.rounds) for g in lives),
+        "live_accepted": sum(r.accepted for g in lives for r in g.rounds),
+        "live_tokens": sum(len(g.token_ids) for g in lives),
+        "live_seconds": sum(r.draft_time + r.verify_time for g in lives for r in g.rounds),
+        "replay_rounds": sum(len(e.cycles) for e in replays),
+        "replay_accepted": sum(c.accepted for e in replays for c in e.cycles),
+        "replay_tokens": sum(e.tokens for e in replays),
+        "replay_seconds": sum(c.draft_seconds + c.verify_seconds for e in replays for c in e.cycles),
+    }
+
+
 def live_against_replay(rows: dict[str, list[dict]], replay: dict[str, list[PromptRecord]], traces: TraceSet, profile: CostProfile) -> dict:
     """Modelled against measured seconds per token for every row of a live table (``rows``: plain and each
     configuration), on the live prompts: plain from ``traces``, each configuration from its replayed records
